@@ -1,0 +1,65 @@
+"""hasten: one unchanged PyTorch training loop on a CPU, one GPU, many GPUs or many machines.
+
+Public names are imported lazily (on first attribute access), so
+``import hasten`` costs almost nothing and the CLI prints help without
+importing torch.
+
+Example:
+    >>> from hasten import Accelerator
+    >>> accelerator = Accelerator(cpu=True)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "Accelerator": "accelerator",
+    "PartialState": "state",
+    "ProcessTopology": "topology",
+    "LaunchSpec": "launch_spec",
+    "DistributedType": "options",
+    "DataLoaderConfiguration": "options",
+    "GradientAccumulationPlugin": "options",
+    "DistributedDataParallelKwargs": "options",
+    "InitProcessGroupKwargs": "options",
+    "GradScalerKwargs": "options",
+    "set_seed": "seeding",
+    "skip_first_batches": "data",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hasten' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later accesses skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs only
+    from .accelerator import Accelerator
+    from .data import skip_first_batches
+    from .launch_spec import LaunchSpec
+    from .options import (
+        DataLoaderConfiguration,
+        DistributedDataParallelKwargs,
+        DistributedType,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+    )
+    from .seeding import set_seed
+    from .state import PartialState
+    from .topology import ProcessTopology

@@ -1,0 +1,540 @@
+"""The `Accelerator` facade: decides once in `__init__`/`prepare`, then gets out of the way.
+
+It holds no distributed logic of its own: the process layout comes from
+`PartialState`, model wrapping from a strategy, casting from a precision
+policy, sharding from `hasten.data`, collectives from `hasten.collectives`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import collectives
+from .data import PreparedDataLoader, prepare_data_loader, skip_first_batches
+from .gradient_state import GradientState
+from .launch_spec import LaunchSpec
+from .optimizer import AcceleratedOptimizer
+from .options import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    split_kwargs_handlers,
+)
+from .precision import make_precision_policy
+from .saving import save as _save
+from .scheduler import AcceleratedScheduler
+from .state import PartialState, shutdown_process_group
+from .strategies import select_strategy
+
+__all__ = ["Accelerator"]
+
+_UNSUPPORTED = {
+    "deepspeed_plugin": "DeepSpeed support",
+    "fsdp_plugin": "FSDP support",
+    "megatron_lm_plugin": "Megatron-LM support",
+    "log_with": "experiment trackers",
+    "dynamo_backend": "torch.compile integration",
+}
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
+
+
+def _is_preparable(obj: Any) -> bool:
+    return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
+
+
+class Accelerator:
+    """Run one training loop on 1 or N processes, on CPU or GPUs, in any precision.
+
+    Arguments left as None take the value `hasten launch` passed (its launch
+    spec), else the default.
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True)
+        >>> model = torch.nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> loader = DataLoader(torch.randn(8, 4), batch_size=4)
+        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        >>> for x in loader:
+        ...     with accelerator.accumulate(model):
+        ...         loss = model(x).pow(2).mean()
+        ...         accelerator.backward(loss)
+        ...         optimizer.step(); optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        even_batches: bool | None = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        **unsupported: Any,
+    ) -> None:
+        for name, value in unsupported.items():
+            if name not in _UNSUPPORTED:
+                raise TypeError(f"Accelerator() got an unexpected keyword argument {name!r}.")
+            if value is not None:
+                raise NotImplementedError(
+                    f"Accelerator({name}=...) needs {_UNSUPPORTED[name]}, which this hasten version does not have yet; "
+                    f"remove the argument."
+                )
+        spec = LaunchSpec.from_env()
+        handlers = split_kwargs_handlers(kwargs_handlers)
+        pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
+        self.state = PartialState(cpu=cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
+        self.device: torch.device = self.state.device
+
+        config = dataloader_config or DataLoaderConfiguration()
+        self.split_batches = config.split_batches if split_batches is None else split_batches
+        self.even_batches = config.even_batches if even_batches is None else even_batches
+        self.device_placement = device_placement
+        self.project_dir = None if project_dir is None else os.fspath(project_dir)
+
+        plugin = gradient_accumulation_plugin
+        if plugin is not None and gradient_accumulation_steps is not None:
+            raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
+        if plugin is None:
+            steps = gradient_accumulation_steps or spec.gradient_accumulation_steps or 1
+            plugin = GradientAccumulationPlugin(num_steps=steps)
+        if not isinstance(plugin.num_steps, int) or plugin.num_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {plugin.num_steps!r}.")
+        self.gradient_state = GradientState(num_steps=plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader)
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+
+        precision = mixed_precision or spec.mixed_precision or "no"
+        scaler_kwargs = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs()
+        self.precision = make_precision_policy(precision, self.device, scaler_kwargs)
+        self.scaler = self.precision.scaler
+        ddp_kwargs = handlers.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs()).to_kwargs()
+        self.strategy = select_strategy(self.device, self.num_processes, ddp_kwargs)
+
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._seen: dict[int, Any] = {}  # id -> object, for inputs and outputs of prepare
+
+    # -- who and where ----------------------------------------------------------
+    @property
+    def distributed_type(self) -> DistributedType:
+        if not self.state.use_distributed:
+            return DistributedType.NO
+        return {"cuda": DistributedType.MULTI_GPU, "mps": DistributedType.MULTI_MPS}.get(
+            self.device.type, DistributedType.MULTI_CPU
+        )
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.precision.name
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on steps where gradients are synchronised and the optimizer really steps."""
+        return self.gradient_state.sync_gradients
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}.")
+        self.gradient_state.num_steps = steps
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True if fp16 loss scaling skipped the last optimizer step (inf/NaN gradients)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # -- prepare ----------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers, in any order.
+
+        Returns the prepared objects in the order given (a single object when
+        one was passed). Objects of other types are returned unchanged.
+        Models are done first and schedulers last, so each can refer to the
+        others whatever order they are passed in.
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+        """
+        if device_placement is not None and len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object.")
+        placement = device_placement or [None] * len(args)
+        for obj in args:
+            self._refuse_prepared(obj)
+        preparable = [id(obj) for obj in args if _is_preparable(obj)]
+        if len(set(preparable)) < len(preparable):
+            raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
+        results: list[Any] = list(args)
+        order = (
+            (lambda o: isinstance(o, nn.Module), lambda o, p: self.prepare_model(o, device_placement=p)),
+            (lambda o: isinstance(o, torch.optim.Optimizer), lambda o, p: self.prepare_optimizer(o, device_placement=p)),
+            (lambda o: isinstance(o, DataLoader), lambda o, p: self.prepare_data_loader(o, device_placement=p)),
+            (_is_scheduler, lambda o, p: self.prepare_scheduler(o)),
+        )
+        for matches, prepare_one in order:
+            for i, obj in enumerate(args):
+                if matches(obj):
+                    results[i] = prepare_one(obj, placement[i])
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _refuse_prepared(self, obj: Any) -> None:
+        if id(obj) in self._seen and self._seen[id(obj)] is obj:
+            kind = type(obj).__name__
+            raise ValueError(
+                f"this {kind} was already passed to or returned by accelerator.prepare; "
+                "prepare each object once and keep using the object prepare returned."
+            )
+
+    def _remember(self, original: Any, prepared: Any) -> None:
+        self._seen[id(original)] = original
+        self._seen[id(prepared)] = prepared
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
+        """Move the model to the device, wrap it for the strategy (e.g. DDP), run its forward under autocast.
+
+        With `evaluation_mode=True` the model is only placed and cast, never
+        wrapped for gradient synchronisation.
+        """
+        self._refuse_prepared(model)
+        place = self.device_placement if device_placement is None else device_placement
+        if self.precision.dtype is not None and "forward" not in vars(model):
+            model.forward = self.precision.wrap_forward(model.forward)
+        if evaluation_mode or not place and not self.use_distributed:
+            prepared = model.to(self.device) if place else model
+        else:
+            prepared = self.strategy.wrap_model(model)
+        self._models.append(prepared)
+        self._remember(model, prepared)
+        return prepared
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wrap the optimizer so it steps only on synchronising steps (and through the fp16 scaler)."""
+        self._refuse_prepared(optimizer)
+        if isinstance(optimizer, AcceleratedOptimizer):
+            raise ValueError("this optimizer was prepared by another Accelerator; pass the original torch optimizer.")
+        prepared = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        self._optimizers.append(prepared)
+        self._remember(optimizer, prepared)
+        return prepared
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
+        """Shard the loader across processes and move its batches to the device (see `hasten.data`)."""
+        self._refuse_prepared(data_loader)
+        place = self.device_placement if device_placement is None else device_placement
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            gradient_state=self.gradient_state,
+            device_placement=place,
+        )
+        self._dataloaders.append(prepared)
+        self._remember(data_loader, prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap the scheduler so it follows hasten's scheduler policy (see `hasten.scheduler`)."""
+        self._refuse_prepared(scheduler)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
+        prepared = AcceleratedScheduler(scheduler, optimizers, self.gradient_state, self.step_scheduler_with_optimizer)
+        self._schedulers.append(prepared)
+        self._remember(scheduler, prepared)
+        return prepared
+
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
+        """The user's own module, without DDP (and torch.compile, autocast unless asked to keep them).
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True)
+            >>> net = torch.nn.Linear(2, 2)
+            >>> accelerator.unwrap_model(accelerator.prepare(net)) is net
+            True
+        """
+        model = self.strategy.unwrap_model(model)
+        compiled = model if hasattr(model, "_orig_mod") else None
+        if compiled is not None:
+            model = model._orig_mod
+        if not keep_fp32_wrapper:
+            forward = vars(model).get("forward")
+            original = getattr(forward, "__wrapped_forward__", None)
+            if original is not None:
+                if getattr(original, "__func__", None) is type(model).forward:
+                    del model.forward
+                else:
+                    model.forward = original
+        if compiled is not None and keep_torch_compile:
+            return compiled
+        return model
+
+    # -- the training step ----------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
+        if not self._seen:
+            raise RuntimeError(
+                "accelerator.backward was called before accelerator.prepare; "
+                "pass your model and optimizer to accelerator.prepare(...) first."
+            )
+        if self.gradient_state.num_steps > 1:
+            loss = loss / self.gradient_state.num_steps
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def _advance_accumulation(self) -> None:
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            state.step = 0
+            state.sync_gradients = True
+        else:
+            state.step += 1
+            state.sync_gradients = state.step % state.num_steps == 0
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """Accumulate gradients over `gradient_accumulation_steps` batches before syncing and stepping.
+
+        Inside, backward skips the all-reduce except on the synchronising
+        step (or the loader's last batch); the prepared optimizer and
+        scheduler step only then.
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 1))
+            >>> with accelerator.accumulate(model):
+            ...     accelerator.backward(model(torch.ones(1, 2)).sum())
+            >>> accelerator.sync_gradients
+            False
+        """
+        self._advance_accumulation()
+        if self.gradient_state.sync_gradients:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for model in models:
+                stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Skip gradient synchronisation for backward passes in this block."""
+        with self.strategy.no_sync(model):
+            yield
+
+    def unscale_gradients(self, optimizer: AcceleratedOptimizer | list[AcceleratedOptimizer] | None = None) -> None:
+        """Divide gradients by the fp16 loss scale (done once per step; a no-op without fp16)."""
+        if self.scaler is None:
+            return
+        from torch.amp.grad_scaler import OptState
+
+        if optimizer is None:
+            optimizers = self._optimizers
+        else:
+            optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        for opt in optimizers:
+            inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
+            if self.scaler._per_optimizer_states[id(inner)]["stage"] is OptState.READY:
+                self.scaler.unscale_(inner)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """Clip the gradient norm (after unscaling under fp16). Returns the total norm.
+
+        On accumulation steps that do not synchronise it does nothing and
+        returns None: clipping a partial, unsynchronised gradient would change
+        the result.
+        """
+        if not self.gradient_state.sync_gradients:
+            return None
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clip each gradient element to [-clip_value, clip_value] (after unscaling under fp16)."""
+        if not self.gradient_state.sync_gradients:
+            return
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
+        """Run a block (e.g. a loss computed outside the model) under the mixed precision policy."""
+        return self.precision.autocast(enabled)
+
+    # -- collectives ---------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors (in nested structures) from all processes along dim 0."""
+        return collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """`gather`, minus the samples repeated to even out the last batch.
+
+        Over a whole prepared evaluation loader, the gathered items add up to
+        exactly `len(dataset)`.
+        """
+        is_tensors = not use_gather_object and _only_tensors(input_data)
+        data = collectives.gather(input_data) if is_tensors else collectives.gather_object(input_data)
+        remainder = self.gradient_state.remainder
+        if self.gradient_state.end_of_dataloader and remainder > 0:
+            if is_tensors:
+                return collectives.recursively_apply(lambda t: t[:remainder], data)
+            return data[:remainder]
+        return data
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Gather picklable objects from all processes into one list."""
+        return collectives.gather_object(obj)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum or average tensors across processes."""
+        return collectives.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad tensors along `dim` to the largest size on any process."""
+        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        """Copy tensors from one process to all."""
+        return collectives.broadcast(tensor, from_process)
+
+    def broadcast_object_list(self, objects: list[Any], from_process: int = 0) -> list[Any]:
+        """Copy a list of picklable objects from one process to all (in place)."""
+        return collectives.broadcast_object_list(objects, from_process)
+
+    # -- process helpers (delegated to the state) ------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Barrier: continue when all processes got here."""
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
+        return self.state.split_between_processes(inputs, apply_padding)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+    # -- saving, memory, the end ---------------------------------------------------------
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool | None = None) -> None:
+        """Save `obj` once (main process only), atomically; safetensors for tensor dicts (see `hasten.saving.save`)."""
+        if self.is_main_process:
+            _save(obj, f, safe_serialization=safe_serialization)
+
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+        """A loader that starts after `num_batches` batches (to resume mid-epoch)."""
+        return skip_first_batches(dataloader, num_batches)
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop hasten's references to prepared objects, collect garbage and empty device caches.
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+            >>> model, = accelerator.free_memory(model)
+        """
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._seen.clear()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return [None for _ in objects]
+
+    clear = free_memory
+
+    def end_training(self) -> None:
+        """Finish cleanly: wait for all processes, then leave the process group."""
+        shutdown_process_group(success=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+            f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(_only_tensors(item) for item in data)
+    if isinstance(data, Mapping):
+        return all(_only_tensors(item) for item in data.values())
+    return False

@@ -1,0 +1,1 @@
+"""The `hasten` command line. Help is printed without importing torch."""

@@ -1,0 +1,55 @@
+"""Per-Accelerator state shared with its prepared data loaders and optimizers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["GradientState", "LoaderPosition"]
+
+
+@dataclass(eq=False)  # compared by identity: each iteration has its own
+class LoaderPosition:
+    """Where the loader being iterated is: at its last batch? how many real samples does that batch hold?"""
+
+    end_of_dataloader: bool = False
+    remainder: int = 0  # real samples in the padded last global batch; 0 = no padding
+
+
+@dataclass
+class GradientState:
+    """Whether this step synchronises gradients, and which loader is being iterated.
+
+    Loaders push their position when iteration starts and pop it when it
+    ends, so an eval loop nested in a training loop does not clobber the
+    training loader's end-of-epoch flag.
+
+    Example:
+        >>> state = GradientState(num_steps=2)
+        >>> state.sync_gradients, state.end_of_dataloader
+        (True, False)
+    """
+
+    num_steps: int = 1
+    sync_gradients: bool = True
+    step: int = 0
+    sync_with_dataloader: bool = True
+    _positions: list[LoaderPosition] = field(default_factory=list)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return bool(self._positions) and self._positions[-1].end_of_dataloader
+
+    @property
+    def remainder(self) -> int:
+        return self._positions[-1].remainder if self._positions else 0
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self._positions)
+
+    def push(self, position: LoaderPosition) -> None:
+        self._positions.append(position)
+
+    def pop(self, position: LoaderPosition) -> None:
+        if position in self._positions:
+            self._positions.remove(position)

@@ -1,0 +1,103 @@
+"""Runs the user's script inside each launched process.
+
+`hasten launch` starts ``python -m hasten.launch.worker [--module] TARGET ARGS...``
+on every rank instead of the script itself, so that whatever the script
+does, each rank
+
+- reports a crash with its rank in the terminal and in torchelastic's
+  error file (the launcher then names the failed rank), and
+- leaves the process group cleanly on success (barrier + destroy), which
+  gloo needs to avoid SIGABRT at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from types import TracebackType
+
+__all__ = ["main", "run_target"]
+
+_HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+
+
+def run_target(target: str, args: list[str], module: bool = False) -> None:
+    """Run a script path or module as ``__main__`` with `args` as its sys.argv[1:]."""
+    if module:
+        sys.argv = [target, *args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        runpy.run_path(target, run_name="__main__")
+
+
+def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """Drop the worker's and runpy's own frames from the top of a traceback."""
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _HIDDEN_FILES:
+        tb = tb.tb_next
+    return tb
+
+
+def _rank() -> str:
+    return os.environ.get("RANK", "?")
+
+
+def _record_failure(error: BaseException) -> None:
+    error.__traceback__ = _user_traceback(error.__traceback__)
+    header = f"[hasten] rank {_rank()} failed with {type(error).__name__}: {error}"
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    sys.stderr.write(f"{header}\n{text}")
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        handler = get_error_handler()
+        handler.initialize()
+        handler.record_exception(error)
+
+
+def _leave_process_group(success: bool) -> None:
+    if "torch.distributed" not in sys.modules:
+        return  # the script never touched torch.distributed
+    from hasten.state import shutdown_process_group
+
+    shutdown_process_group(success=success)
+
+
+def _exit_now(code: int) -> None:
+    # After a failure, skip interpreter teardown: gloo may abort in it and
+    # turn a clean "exit 1" into a confusing SIGABRT.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    module = bool(argv) and argv[0] == "--module"
+    if module:
+        argv = argv[1:]
+    if not argv:
+        sys.stderr.write("usage: python -m hasten.launch.worker [--module] TARGET [ARGS...]\n")
+        return 2
+    target, args = argv[0], argv[1:]
+    try:
+        run_target(target, args, module=module)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if code != 0:
+            if not isinstance(stop.code, int):
+                sys.stderr.write(f"{stop.code}\n")
+            sys.stderr.write(f"[hasten] rank {_rank()} exited with code {code}\n")
+            _exit_now(code)
+    except BaseException as error:  # noqa: BLE001 - every failure must be reported with its rank
+        _record_failure(error)
+        _exit_now(1)
+    _leave_process_group(success=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""Mixed precision policies: "no", "fp16" (autocast + GradScaler), "bf16" (autocast).
+
+The policy is chosen once from (precision, device). The model's forward is
+wrapped in autocast at `prepare` time; its outputs are returned exactly as
+autocast produced them (no silent cast to fp32): compute a loss outside the
+model inside `accelerator.autocast()` if you want it under the same policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .launch_spec import MIXED_PRECISION_CHOICES
+
+__all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported"]
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def check_precision_supported(precision: str, device_type: str, bf16_supported: bool | None = None) -> None:
+    """Raise one clear error if `precision` is unknown or impossible on `device_type`.
+
+    Example:
+        >>> check_precision_supported("bf16", "cpu")
+        >>> check_precision_supported("fp8", "cpu")
+        Traceback (most recent call last):
+        ...
+        ValueError: mixed_precision='fp8' is not one of 'no', 'fp16', 'bf16'; pick one of those.
+    """
+    if precision not in MIXED_PRECISION_CHOICES:
+        choices = ", ".join(repr(c) for c in MIXED_PRECISION_CHOICES)
+        raise ValueError(f"mixed_precision={precision!r} is not one of {choices}; pick one of those.")
+    if precision == "bf16" and device_type == "cuda":
+        if bf16_supported is None:
+            bf16_supported = torch.cuda.is_bf16_supported()
+        if not bf16_supported:
+            raise ValueError(
+                "mixed_precision='bf16' needs a GPU with bfloat16 support (Ampere or newer); "
+                "use mixed_precision='fp16' on this GPU."
+            )
+    if precision != "no" and not torch.amp.is_autocast_available(device_type):
+        raise ValueError(f"mixed_precision={precision!r} is not available on device type {device_type!r}; use 'no'.")
+
+
+@dataclass
+class PrecisionPolicy:
+    """How forward passes are cast and how losses are scaled.
+
+    Example:
+        >>> policy = make_precision_policy("bf16", torch.device("cpu"))
+        >>> with policy.autocast():
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        torch.bfloat16
+    """
+
+    name: str
+    device_type: str
+    dtype: torch.dtype | None
+    scaler: "torch.amp.GradScaler | None" = None
+
+    def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None or not enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def wrap_forward(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        """The same forward, run under this policy's autocast."""
+        if self.dtype is None:
+            return forward
+        device_type, dtype = self.device_type, self.dtype
+
+        @functools.wraps(forward)
+        def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                return forward(*args, **kwargs)
+
+        autocast_forward.__wrapped_forward__ = forward  # type: ignore[attr-defined]
+        return autocast_forward
+
+
+def make_precision_policy(precision: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None) -> PrecisionPolicy:
+    """Build the policy for `precision` on `device`, validating it first.
+
+    Example:
+        >>> make_precision_policy("fp16", torch.device("cpu")).scaler is not None
+        True
+    """
+    check_precision_supported(precision, device.type)
+    dtype = _DTYPES.get(precision)
+    scaler = None
+    if precision == "fp16":
+        scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
+    return PrecisionPolicy(name=precision, device_type=device.type, dtype=dtype, scaler=scaler)

@@ -1,0 +1,273 @@
+"""Process-level state: topology, device, process group, and rank helpers.
+
+`PartialState` is usable without an `Accelerator`. It is NOT a Borg: each
+instance holds its own settings. The only process-wide resource is torch's
+process group, which is created once (or adopted when the user created it)
+and torn down cleanly at exit, because gloo processes that exit without a
+barrier + destroy abort with SIGABRT in a good share of runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import sys
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from .launch_spec import LaunchSpec
+from .topology import ProcessTopology, backend_for_device, select_device
+
+__all__ = ["PartialState", "shutdown_process_group"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+_owned_group = False  # did hasten create the process group (and so must destroy it)?
+_failed = False  # did this process die from an uncaught exception?
+
+
+def _excepthook(exc_type, exc, tb):  # noqa: ANN001 - signature fixed by sys.excepthook
+    global _failed
+    _failed = True
+    _previous_excepthook(exc_type, exc, tb)
+
+
+_previous_excepthook = sys.excepthook
+
+
+def shutdown_process_group(success: bool = True) -> None:
+    """Leave the process group cleanly: barrier, then destroy.
+
+    After a failure the barrier is skipped: the healthy ranks are not at a
+    barrier, and waiting for them would hang until the group's timeout.
+
+    Example:
+        >>> shutdown_process_group()  # no-op when no group exists
+    """
+    global _owned_group
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if success and not _failed:
+        with contextlib.suppress(Exception):
+            dist.barrier()
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+    _owned_group = False
+
+
+def _shutdown_at_exit() -> None:
+    if _owned_group:
+        shutdown_process_group(success=not _failed)
+
+
+def _init_process_group(topology: ProcessTopology, backend: str, timeout: timedelta) -> None:
+    global _owned_group, _previous_excepthook
+    if topology.launcher == "torchrun":
+        init_method = "env://"
+    else:  # MPI / SLURM started the ranks: rendezvous over TCP at the master address
+        init_method = f"tcp://{topology.master_addr}:{topology.master_port}"
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=topology.rank,
+        world_size=topology.world_size,
+        timeout=timeout,
+    )
+    _owned_group = True
+    if sys.excepthook is not _excepthook:
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _excepthook
+    atexit.register(_shutdown_at_exit)
+
+
+def _topology_from_group() -> ProcessTopology:
+    """Topology of a process group the user created before hasten was used."""
+    env_topology = ProcessTopology.from_env()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if env_topology.world_size == world and env_topology.rank == rank:
+        return env_topology
+    return ProcessTopology(rank=rank, world_size=world, local_rank=rank, local_world_size=world, launcher="process_group")
+
+
+class PartialState:
+    """Rank, world size, device and synchronisation helpers for this process.
+
+    Creating it joins (or adopts) the process group when the environment
+    describes more than one process.
+
+    Example:
+        >>> state = PartialState(cpu=True)
+        >>> state.num_processes, state.process_index
+        (1, 0)
+        >>> with state.main_process_first():
+        ...     pass
+    """
+
+    def __init__(
+        self,
+        cpu: bool | None = None,
+        backend: str | None = None,
+        timeout: timedelta | None = None,
+        topology: ProcessTopology | None = None,
+    ) -> None:
+        spec = LaunchSpec.from_env()
+        self.cpu = spec.cpu if cpu is None else cpu
+        self.debug = spec.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
+        if dist.is_available() and dist.is_initialized():
+            self.topology = _topology_from_group()
+            self.backend = dist.get_backend()
+        else:
+            self.topology = ProcessTopology.from_env() if topology is None else topology
+            self.backend = None
+        self.device = select_device(self.topology.local_rank, cpu=self.cpu)
+        wanted = backend or backend_for_device(self.device.type)
+        if self.backend is None:
+            if self.topology.is_distributed:
+                if self.device.type == "cuda":
+                    torch.cuda.set_device(self.device)
+                _init_process_group(self.topology, wanted, timeout or DEFAULT_TIMEOUT)
+                self.backend = wanted
+        elif backend is not None and backend != self.backend:
+            raise RuntimeError(
+                f"the process group already uses backend {self.backend!r} but {backend!r} was asked for; "
+                "create every Accelerator/PartialState of a process with the same backend and cpu setting."
+            )
+        elif self.device.type == "cuda" and self.backend == "gloo" and not self.cpu:
+            raise RuntimeError(
+                "the process group uses gloo but this process computes on CUDA; "
+                "pass cpu=True or create the process group with backend='nccl'."
+            )
+
+    # -- who am I -----------------------------------------------------------
+    @property
+    def num_processes(self) -> int:
+        return self.topology.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.topology.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.topology.local_rank
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.topology.is_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.topology.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.topology.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.topology.is_last_process
+
+    # -- synchronisation ----------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this line (a barrier)."""
+        if self.use_distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on the main process first, then on all others (e.g. to download or cache)."""
+        return self._first(self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on each node's local main process first, then on the others."""
+        return self._first(self.is_local_main_process)
+
+    def _only_when(self, condition: Callable[[], bool], function: F) -> F:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if condition():
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper  # type: ignore[return-value]
+
+    def on_main_process(self, function: F) -> F:
+        """Decorator: run the function on the main process only (others get None)."""
+        return self._only_when(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function: F) -> F:
+        """Decorator: run the function on each node's local main process only."""
+        return self._only_when(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorator: run the function on the last process only."""
+        return self._only_when(lambda: self.is_last_process, function)
+
+    def on_process(self, function: F | None = None, process_index: int = 0):
+        """Decorator: run the function on process `process_index` only.
+
+        Example:
+            >>> state = PartialState(cpu=True)
+            >>> @state.on_process(process_index=0)
+            ... def hello():
+            ...     return "hi"
+            >>> hello()
+            'hi'
+        """
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only_when(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int = 0):
+        """Decorator: run the function on local process `local_process_index` of each node only."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._only_when(lambda: self.local_process_index == local_process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give each process its contiguous share of a list, tuple, dict of lists, or tensor.
+
+        Shares differ by at most one element; with `apply_padding=True` the
+        shorter shares repeat their last element so every process gets the
+        same count (useful before `gather`).
+
+        Example:
+            >>> state = PartialState(cpu=True)
+            >>> with state.split_between_processes(["a", "b", "c"]) as mine:
+            ...     mine
+            ['a', 'b', 'c']
+        """
+        from .collectives import split_for_process
+
+        yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding)
+
+    def destroy_process_group(self) -> None:
+        """Barrier, then destroy the process group (safe to call more than once)."""
+        shutdown_process_group(success=True)
+
+    def __repr__(self) -> str:
+        t = self.topology
+        return (
+            f"PartialState(rank={t.rank}, world_size={t.world_size}, local_rank={t.local_rank}, "
+            f"device={self.device}, backend={self.backend}, launcher={t.launcher})"
+        )
