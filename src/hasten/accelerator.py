@@ -52,6 +52,11 @@ def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
 
 
+def _first_given(*values: Any) -> Any:
+    """The first value that is not None: explicit argument, then launch spec, then default."""
+    return next(v for v in values if v is not None)
+
+
 def _is_preparable(obj: Any) -> bool:
     return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
 
@@ -115,14 +120,14 @@ class Accelerator:
         if plugin is not None and gradient_accumulation_steps is not None:
             raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
         if plugin is None:
-            steps = gradient_accumulation_steps or spec.gradient_accumulation_steps or 1
+            steps = _first_given(gradient_accumulation_steps, spec.gradient_accumulation_steps, 1)
             plugin = GradientAccumulationPlugin(num_steps=steps)
         if not isinstance(plugin.num_steps, int) or plugin.num_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {plugin.num_steps!r}.")
         self.gradient_state = GradientState(num_steps=plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
 
-        precision = mixed_precision or spec.mixed_precision or "no"
+        precision = _first_given(mixed_precision, spec.mixed_precision, "no")
         scaler_kwargs = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs()
         self.precision = make_precision_policy(precision, self.device, scaler_kwargs)
         self.scaler = self.precision.scaler

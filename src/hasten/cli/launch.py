@@ -38,11 +38,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("-m", "--module", action="store_true", help="treat SCRIPT as a Python module name")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="arguments passed to the script")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, parser=parser)
     return parser
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..launch.plan import LaunchError, LaunchPlan
     from ..launch_spec import LaunchSpec
 

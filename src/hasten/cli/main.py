@@ -9,13 +9,20 @@ from .. import __version__
 from . import launch as launch_command
 
 
+class ConciseParser(argparse.ArgumentParser):
+    """Bad flags get one sentence and a pointer to --help, not the whole usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ConciseParser(
         prog="hasten",
         description="Run one unchanged PyTorch training loop on 1 or N processes.",
     )
     parser.add_argument("--version", action="version", version=f"hasten {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ConciseParser)
     launch_command.add_parser(commands)
     return parser
 
@@ -23,11 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `hasten` command; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return args.run(args, parser)
+    if unknown:  # flags placed before the script that the sub-command does not know
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from .plan import LaunchPlan
 
@@ -30,14 +32,27 @@ def execute(plan: LaunchPlan) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # The agent's own per-failure log lines would bury our one-line summary.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
         run(parse_args(plan.torchrun_argv()))
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
+        rank, failure = root_cause(failed.failures)
         sys.stderr.write(_failure_line(rank, failure, plan.num_processes) + "\n")
         code = failure.exitcode
         return code if 0 < code < 256 else 1
     return 0
+
+
+def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The failure that caused the others: the earliest one that is not a 'peer went away' error."""
+    from .worker import is_peer_lost
+
+    ordered = sorted(failures.items(), key=lambda item: (getattr(item[1], "timestamp", 0), item[0]))
+    for rank, failure in ordered:
+        if not is_peer_lost(str(getattr(failure, "message", ""))):
+            return rank, failure
+    return ordered[0]
 
 
 def _failure_line(rank: int, failure: object, world_size: int) -> str:
@@ -51,6 +66,8 @@ def _failure_line(rank: int, failure: object, world_size: int) -> str:
     else:
         reason = f"failed with exit code {exitcode}"
     message = getattr(failure, "message", "")
+    if isinstance(message, dict):  # torchelastic's error-file layout
+        message = message.get("message", "")
     if isinstance(message, str) and message and not message.startswith("To enable traceback"):
         reason += f": {message.splitlines()[0]}"
     return f"hasten launch: rank {rank} of {world_size} {reason} (its traceback is above); the other ranks were stopped."

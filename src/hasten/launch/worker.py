@@ -20,7 +20,20 @@ from types import TracebackType
 
 __all__ = ["main", "run_target"]
 
-_HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+_HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+
+# Errors a healthy rank gets when a peer died: consequences, not causes.
+PEER_LOST_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+)
+
+
+def is_peer_lost(message: str) -> bool:
+    """True if an error message says a peer process went away (so it is not the root cause)."""
+    return any(marker in message for marker in PEER_LOST_MARKERS)
 
 
 def run_target(target: str, args: list[str], module: bool = False) -> None:
@@ -34,22 +47,30 @@ def run_target(target: str, args: list[str], module: bool = False) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
+def _is_hidden(filename: str) -> bool:
+    return filename in _HIDDEN_FILES or os.path.abspath(filename) in _HIDDEN_FILES
+
+
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     """Drop the worker's and runpy's own frames from the top of a traceback."""
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _HIDDEN_FILES:
+    while tb is not None and _is_hidden(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb
 
 
 def _rank() -> str:
-    return os.environ.get("RANK", "?")
+    return os.environ.get("RANK", "0")
 
 
 def _record_failure(error: BaseException) -> None:
     error.__traceback__ = _user_traceback(error.__traceback__)
-    header = f"[hasten] rank {_rank()} failed with {type(error).__name__}: {error}"
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    sys.stderr.write(f"{header}\n{text}")
+    if is_peer_lost(str(error)):
+        # Keep the terminal on the root cause: one line for the collateral failure.
+        sys.stderr.write(f"[hasten] rank {_rank()} stopped: another process of the run went away ({type(error).__name__}).\n")
+    else:
+        header = f"[hasten] rank {_rank()} failed with {type(error).__name__}: {error}"
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        sys.stderr.write(f"{header}\n{text}")
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 

@@ -1,0 +1,47 @@
+"""Shared helpers: run a script through the real `hasten launch`, with a hard timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def launch(script: str | Path, *script_args: str, num_processes: int = 2, launch_args: tuple[str, ...] = (),
+           timeout: float = 120, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Start `script` through `python -m hasten launch` and wait at most `timeout` seconds.
+
+    A hang fails the test quickly instead of eating the CI budget; a
+    non-zero exit fails it with both output streams shown.
+    """
+    script = Path(script)
+    if not script.is_absolute():
+        script = SCRIPTS / script
+    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", str(num_processes), *launch_args,
+               str(script), *script_args]
+    run_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=run_env)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"hasten launch timed out after {timeout}s: {' '.join(command)}\n"
+                    f"stdout:\n{expired.stdout}\nstderr:\n{expired.stderr}")
+    if check and result.returncode != 0:
+        pytest.fail(f"hasten launch exited {result.returncode}: {' '.join(command)}\n"
+                    f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+    return result
+
+
+def results_by_rank(directory: Path) -> dict[int, dict]:
+    """Read the `rank{N}.json` files a test script wrote into `directory`."""
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(directory.glob("rank*.json"))}
+
+
+@pytest.fixture
+def run_launch():
+    return launch

@@ -1,0 +1,241 @@
+"""The Accelerator on one process: API misuse, accumulation, precision, saving."""
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Accelerator, PartialState, set_seed
+from hasten.options import DistributedDataParallelKwargs, GradScalerKwargs
+
+
+def make_run(acc, n=32, batch=4, lr=0.1):
+    set_seed(0)
+    x = torch.randn(n, 3)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]])
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+    return acc.prepare(model, optimizer, loader)
+
+
+def test_backward_before_prepare_is_one_clear_error():
+    acc = Accelerator(cpu=True)
+    with pytest.raises(RuntimeError, match=r"backward was called before accelerator.prepare"):
+        acc.backward(torch.ones(1, requires_grad=True).sum())
+
+
+def test_preparing_the_same_object_twice_is_refused():
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="same object twice"):
+        acc.prepare(model, model)
+    prepared = acc.prepare(model)
+    with pytest.raises(ValueError, match="already passed to or returned by accelerator.prepare"):
+        acc.prepare(model)
+    with pytest.raises(ValueError, match="already passed to or returned by accelerator.prepare"):
+        acc.prepare(prepared)
+
+
+def test_prepare_returns_in_order_and_passes_other_objects_through():
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    loader = DataLoader(list(range(4)), batch_size=2)
+    out = acc.prepare(scheduler, loader, "keep", optimizer, model)
+    assert [type(o).__name__ for o in out] == ["AcceleratedScheduler", "PreparedDataLoader", "str", "AcceleratedOptimizer", "Linear"]
+    assert out[0].optimizers == [out[3]]  # the scheduler knows its optimizer whatever the order
+
+
+@pytest.mark.parametrize("bad", ["fp8", "bf32", "yes"])
+def test_unknown_precision(bad):
+    with pytest.raises(ValueError, match=rf"mixed_precision='{bad}' is not one of 'no', 'fp16', 'bf16'"):
+        Accelerator(cpu=True, mixed_precision=bad)
+
+
+def test_unsupported_and_unknown_arguments():
+    with pytest.raises(NotImplementedError, match="DeepSpeed support"):
+        Accelerator(cpu=True, deepspeed_plugin=object())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'mixed_precison'"):
+        Accelerator(cpu=True, mixed_precison="bf16")
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an integer >= 1"):
+        Accelerator(cpu=True, gradient_accumulation_steps=0)
+    with pytest.raises(ValueError, match="two DistributedDataParallelKwargs"):
+        Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(), DistributedDataParallelKwargs()])
+
+
+def test_two_accelerators_with_different_settings_coexist():
+    a = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2)
+    b = Accelerator(cpu=True)
+    assert (a.mixed_precision, a.gradient_accumulation_steps) == ("bf16", 2)
+    assert (b.mixed_precision, b.gradient_accumulation_steps) == ("no", 1)
+
+
+def test_accumulation_equals_one_big_batch():
+    # 4 micro-batches of 4 with accumulation 4 == batches of 16.
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    model, optimizer, loader = make_run(acc, batch=4)
+    syncs = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            syncs.append(acc.sync_gradients)
+            optimizer.step()
+            optimizer.zero_grad()
+    assert syncs == [False, False, False, True] * 2
+
+    big = Accelerator(cpu=True)
+    ref, ref_opt, ref_loader = make_run(big, batch=16)
+    for x, y in ref_loader:
+        big.backward(torch.nn.functional.mse_loss(ref(x), y))
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    assert not torch.allclose(ref.weight, torch.nn.Linear(3, 1).weight)
+
+
+def test_last_batch_of_loader_forces_a_sync():
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    model, optimizer, loader = make_run(acc, n=24, batch=4)  # 6 batches
+    syncs = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            syncs.append(acc.sync_gradients)
+    assert syncs == [False, False, False, True, False, True]
+
+
+def test_scheduler_steps_once_per_optimizer_step():
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    model, optimizer, scheduler, loader = acc.prepare(model, optimizer, scheduler, DataLoader(torch.randn(16, 2), batch_size=2))
+    for x in loader:
+        with acc.accumulate(model):
+            acc.backward(model(x).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    assert scheduler.scheduler.last_epoch == 4  # 8 micro-batches / 2
+
+
+def test_clip_grad_norm_only_on_sync_steps():
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model, optimizer, loader = make_run(acc, n=8, batch=4)
+    norms = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            acc.backward(torch.nn.functional.mse_loss(model(x), y) * 100)
+            norms.append(acc.clip_grad_norm_(model.parameters(), 0.5))
+    assert norms[0] is None and norms[1] is not None and norms[1] > 0.5
+    total = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+    assert total == pytest.approx(0.5, rel=1e-4)
+
+
+def test_bf16_forward_is_autocast_and_outputs_not_recast():
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    model = acc.prepare(torch.nn.Linear(4, 4))
+    out = model(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16  # what autocast produced, no silent cast to fp32
+    assert model.weight.dtype == torch.float32  # master weights stay fp32
+    plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
+    assert plain(torch.randn(2, 4)).dtype == torch.float32
+    assert "forward" not in vars(plain)
+    with acc.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+def test_fp16_skips_the_step_on_inf_and_the_scheduler_waits():
+    acc = Accelerator(cpu=True, mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=2.0**8)])
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)
+    model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.ones(1, 2)).float().sum() * float("inf")
+    acc.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    assert acc.optimizer_step_was_skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert scheduler.scheduler.last_epoch == 0
+    optimizer.zero_grad()
+    acc.backward(model(torch.ones(1, 2)).float().sum())
+    optimizer.step()
+    scheduler.step()
+    assert not acc.optimizer_step_was_skipped and scheduler.scheduler.last_epoch == 1
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_save_uses_safetensors_for_tensor_dicts_and_leaves_no_partial_file(tmp_path):
+    from safetensors.torch import load_file
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(2, 2))
+    path = tmp_path / "model.safetensors"
+    acc.save(acc.unwrap_model(model).state_dict(), path)
+    assert torch.equal(load_file(path)["weight"], model.weight)
+    acc.save({"step": 3}, tmp_path / "meta.pt")
+    assert torch.load(tmp_path / "meta.pt", weights_only=True) == {"step": 3}
+    with pytest.raises(ValueError, match="safetensors can only store a dict of str -> tensor"):
+        acc.save({"step": 3}, tmp_path / "bad.safetensors", safe_serialization=True)
+    assert sorted(os.listdir(tmp_path)) == ["meta.pt", "model.safetensors"]
+
+
+def test_tied_weights_save_with_safetensors(tmp_path):
+    from hasten.saving import save
+
+    weight = torch.randn(3, 3)
+    save({"a": weight, "b": weight}, tmp_path / "tied.safetensors")
+    from safetensors.torch import load_file
+
+    loaded = load_file(tmp_path / "tied.safetensors")
+    assert torch.equal(loaded["a"], loaded["b"])
+
+
+def test_single_process_collectives_are_identity():
+    acc = Accelerator(cpu=True)
+    data = {"a": [torch.arange(3)], "b": torch.tensor(1.0)}
+    assert acc.gather(data) is data
+    assert acc.gather_for_metrics(torch.arange(5)).tolist() == list(range(5))
+    assert acc.gather_object(["x"]) == ["x"]
+    assert acc.reduce(torch.tensor([2.0]), "mean").tolist() == [2.0]
+    with pytest.raises(ValueError, match="reduction='max' is not one of"):
+        acc.reduce(torch.tensor([2.0]), "max")
+
+
+def test_partial_state_without_accelerator():
+    state = PartialState(cpu=True)
+    calls = []
+
+    @state.on_main_process
+    def main_only():
+        calls.append("main")
+
+    @state.on_process(process_index=1)
+    def second_only():
+        calls.append("second")
+
+    main_only()
+    second_only()
+    assert calls == ["main"]
+    with state.split_between_processes([1, 2, 3], apply_padding=True) as share:
+        assert share == [1, 2, 3]
+    assert state.is_main_process and state.is_last_process and state.num_processes == 1
+
+
+def test_set_seed_is_reproducible():
+    set_seed(123)
+    a = torch.rand(3)
+    set_seed(123)
+    assert torch.equal(a, torch.rand(3))
+
+
+def test_free_memory_forgets_prepared_objects():
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(2, 2))
+    (model,) = acc.free_memory(model)
+    assert model is None and acc._models == []

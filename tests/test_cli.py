@@ -1,0 +1,133 @@
+"""`hasten launch` argument handling: refused before anything starts, one sentence each."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hasten.launch.plan import LaunchError, LaunchPlan, find_free_port
+from hasten.launch.run import root_cause
+from hasten.launch_spec import SPEC_ENV_VAR, LaunchSpec
+
+
+def hasten(*args, cwd=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "hasten", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print('SCRIPT-RAN')\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num_processes", "0"], "--num_processes must be at least 1, got 0."),
+        (["--num_processes", "two"], "invalid int value: 'two'"),
+        (["--mixed_precision", "fp8"], "invalid choice: 'fp8'"),
+        (["--main_process_port", "70000", "--num_processes", "2"], "--main_process_port must be between 1 and 65535"),
+        (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be at least 1"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_nonsense_flags_get_one_sentence(script, flags, message):
+    result = hasten("launch", *flags, str(script))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr  # one line, no usage dump, no traceback
+    assert "SCRIPT-RAN" not in result.stdout
+
+
+def test_missing_script(tmp_path):
+    result = hasten("launch", str(tmp_path / "nope.py"))
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_port_in_use_is_refused(script):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = hasten("launch", "--num_processes", "2", "--main_process_port", str(port), str(script))
+    assert result.returncode == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
+
+
+def test_dry_run_prints_command_and_one_spec(script):
+    result = hasten("launch", "--dry_run", "--num_processes", "2", "--cpu", "--mixed_precision", "bf16",
+                    str(script), "--lr", "3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "torch.distributed.run" in out and "--nproc-per-node=2" in out and "--master-addr=127.0.0.1" in out
+    assert out.rstrip().endswith(f"-m hasten.launch.worker {script} --lr 3")
+    spec_json = out.split(f"{SPEC_ENV_VAR}='", 1)[1].split("'", 1)[0]
+    assert LaunchSpec(**json.loads(spec_json)) == LaunchSpec(mixed_precision="bf16", cpu=True)
+    assert "SCRIPT-RAN" not in out
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys; from hasten.cli.main import main\n"
+            "try:\n    main(['launch', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--num_processes" in result.stdout
+
+
+def test_single_process_runs_script_directly(script):
+    result = hasten("launch", str(script))
+    assert result.returncode == 0 and result.stdout.strip() == "SCRIPT-RAN"
+
+
+def test_single_process_failure_exit_code(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise KeyError('missing')\n")
+    result = hasten("launch", str(bad))
+    assert result.returncode == 1
+    assert "rank 0 failed with KeyError" in result.stderr and "bad.py" in result.stderr
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys; sys.exit(3)\n")
+    assert hasten("launch", str(exits)).returncode == 3
+
+
+def test_plan_is_a_plain_value(tmp_path, script):
+    plan = LaunchPlan(target=str(script), target_args=("a",), num_processes=3).validate()
+    assert 0 < plan.main_process_port < 65536  # a free port was chosen
+    env = plan.worker_env({"PATH": "/bin"})
+    assert env["PATH"] == "/bin" and LaunchSpec.from_env(env) == LaunchSpec()
+    assert env["OMP_NUM_THREADS"] == str(max(1, len(__import__("os").sched_getaffinity(0)) // 3))
+    assert plan.worker_env({"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"  # the user's choice wins
+    module_plan = LaunchPlan(target="pkg.train", module=True, num_processes=2, main_process_port=find_free_port())
+    assert module_plan.validate().worker_argv() == ["--module", "pkg.train"]
+    with pytest.raises(LaunchError, match="does not exist"):
+        LaunchPlan(target=str(tmp_path / "missing.py")).validate()
+
+
+def test_spec_from_env_rejects_garbage():
+    with pytest.raises(ValueError, match="not valid JSON"):
+        LaunchSpec.from_env({SPEC_ENV_VAR: "{"})
+    with pytest.raises(ValueError, match="unknown keys"):
+        LaunchSpec.from_env({SPEC_ENV_VAR: '{"warp": 9}'})
+    with pytest.raises(ValueError, match="mixed_precision='fp8'"):
+        LaunchSpec.from_env({SPEC_ENV_VAR: '{"mixed_precision": "fp8"}'})
+
+
+class _Failure:
+    def __init__(self, message, timestamp, exitcode=1):
+        self.message, self.timestamp, self.exitcode = message, timestamp, exitcode
+
+
+def test_root_cause_skips_collateral_failures():
+    failures = {
+        0: _Failure({"message": "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]"}, 100),
+        1: _Failure({"message": "ValueError: boom"}, 100),
+    }
+    assert root_cause(failures)[0] == 1
+    assert root_cause({0: failures[0]})[0] == 0  # nothing better: report what there is
