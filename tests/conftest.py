@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,15 +27,24 @@ def launch(script: str | Path, *script_args: str, num_processes: int = 2, launch
     command = [sys.executable, "-m", "hasten", "launch", "--num_processes", str(num_processes), *launch_args,
                str(script), *script_args]
     run_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=run_env)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"hasten launch timed out after {timeout}s: {' '.join(command)}\n"
-                    f"stdout:\n{expired.stdout}\nstderr:\n{expired.stderr}")
+    result = run_with_timeout(command, timeout, run_env)
     if check and result.returncode != 0:
         pytest.fail(f"hasten launch exited {result.returncode}: {' '.join(command)}\n"
                     f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
     return result
+
+
+def run_with_timeout(command: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `command` in its own session; on timeout kill the whole session (no orphaned ranks) and fail."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(command)}\nstdout:\n{stdout}\nstderr:\n{stderr}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def results_by_rank(directory: Path) -> dict[int, dict]:

@@ -168,3 +168,28 @@ def test_random_sampler_is_replaced_by_agreed_seed():
     loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2, shuffle=True), torch.device("cpu"))
     assert isinstance(loader.batch_sampler.sampler, EpochSeededRandomSampler)
     assert not isinstance(loader.batch_sampler.sampler, RandomSampler)
+
+
+def test_send_to_device_keeps_container_types():
+    import dataclasses
+    from collections import OrderedDict, UserDict, namedtuple
+
+    from hasten.collectives import send_to_device
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        label: str
+
+    Pair = namedtuple("Pair", "a b")
+
+    class Encoding(UserDict):  # like transformers' BatchEncoding: a mapping with its own .to
+        def to(self, device, non_blocking=False):
+            return Encoding({k: v.to(device) for k, v in self.data.items()})
+
+    batch = {"d": Batch(torch.ones(1), "cat"), "p": Pair(torch.zeros(1), [torch.ones(2)]),
+             "o": OrderedDict(z=torch.ones(1)), "e": Encoding(ids=torch.ones(1)), "n": 3}
+    moved = send_to_device(batch, "cpu")
+    assert isinstance(moved["d"], Batch) and moved["d"].label == "cat"
+    assert isinstance(moved["p"], Pair) and isinstance(moved["p"].b, list)
+    assert isinstance(moved["o"], OrderedDict) and isinstance(moved["e"], Encoding) and moved["n"] == 3

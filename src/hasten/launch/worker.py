@@ -95,8 +95,30 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _die_with_launcher() -> None:
+    """Ask Linux to SIGTERM this rank when its launcher dies, even by SIGKILL.
+
+    torchrun starts each rank in a session of its own, so killing the
+    launcher's process group would otherwise leave the ranks running.
+    """
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        _exit_now(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _die_with_launcher()
     module = bool(argv) and argv[0] == "--module"
     if module:
         argv = argv[1:]
