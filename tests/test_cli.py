@@ -131,3 +131,13 @@ def test_root_cause_skips_collateral_failures():
     }
     assert root_cause(failures)[0] == 1
     assert root_cause({0: failures[0]})[0] == 0  # nothing better: report what there is
+
+
+def test_root_cause_skips_ranks_stopped_by_the_launcher():
+    import signal
+
+    failures = {
+        0: _Failure("Signal 15 (SIGTERM) received by PID 12", 100, exitcode=-signal.SIGTERM),
+        1: _Failure({"message": "ValueError: boom"}, 100),
+    }
+    assert root_cause(failures)[0] == 1

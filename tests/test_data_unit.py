@@ -193,3 +193,16 @@ def test_send_to_device_keeps_container_types():
     assert isinstance(moved["d"], Batch) and moved["d"].label == "cat"
     assert isinstance(moved["p"], Pair) and isinstance(moved["p"].b, list)
     assert isinstance(moved["o"], OrderedDict) and isinstance(moved["e"], Encoding) and moved["n"] == 3
+
+
+class SizedStream(Stream):
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("n", [0, 5, 8, 23, 37])
+@pytest.mark.parametrize("even, drop_last", [(True, False), (False, False), (True, True)])
+def test_iterable_shard_len_matches_what_it_yields(n, even, drop_last):
+    for rank in range(2):
+        shard = IterableDatasetShard(SizedStream(n), 4, 2, rank, even_batches=even, drop_last=drop_last)
+        assert len(shard) == len(list(shard))

@@ -8,12 +8,13 @@ gradients, so their final parameters must agree to float rounding.
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
-from conftest import launch
+from conftest import SCRIPTS, launch, run_with_timeout
 
 SCRIPT = "mp_train_equivalence.py"
 TOLERANCE = 1e-6
@@ -28,11 +29,20 @@ CONFIGS = {
 }
 
 
+def run_plain_python(*args: str, timeout: float = 120) -> None:
+    """`python script.py ...` without any launcher: the plain single-process path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HASTEN_LAUNCH_SPEC")}
+    command = [sys.executable, str(SCRIPTS / SCRIPT), *args]
+    result = run_with_timeout(command, timeout, env)
+    if result.returncode != 0:
+        pytest.fail(f"exited {result.returncode}: {' '.join(command)}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("equivalence")
     one, two = root / "one", root / "two"
-    launch(SCRIPT, str(one), *(c[0] for c in CONFIGS.values()), num_processes=1)
+    run_plain_python(str(one), *(c[0] for c in CONFIGS.values()))
     launch(SCRIPT, str(two), *(c[1] for c in CONFIGS.values()), num_processes=2)
     return one, two
 
@@ -79,3 +89,12 @@ def test_accumulation_changes_the_result(runs):
     assert _max_diff(plain, accum) > 1e-2
     accum3 = _load(two / "accum3.safetensors")
     assert _max_diff(accum, accum3) > 1e-3
+
+
+@pytest.mark.multiprocess
+def test_launch_with_one_process_equals_plain_python(runs, tmp_path):
+    """`hasten launch --num_processes 1` runs the same single-process path as plain `python script.py`."""
+    one, _ = runs
+    launch(SCRIPT, str(tmp_path), CONFIGS["plain"][0], num_processes=1)
+    diff = _max_diff(_load(one / "plain.safetensors"), _load(tmp_path / "plain.safetensors"))
+    assert diff <= TOLERANCE

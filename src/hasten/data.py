@@ -285,6 +285,29 @@ class IterableDatasetShard(IterableDataset):
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
+    @property
+    def window(self) -> int:
+        """Items read per global batch."""
+        return self.per_process * self.num_processes
+
+    @property
+    def padded_remainder(self) -> int:
+        """Real items in the padded last global batch (0 when unsized or not padded)."""
+        if not self.even_batches or self.drop_last or not hasattr(self.dataset, "__len__"):
+            return 0
+        return len(self.dataset) % self.window  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        """Items this process yields per pass; only for datasets that have a length."""
+        total = len(self.dataset)  # type: ignore[arg-type] # TypeError for unsized streams, like torch's
+        full, remaining = divmod(total, self.window)
+        if self.drop_last or not remaining:
+            return full * self.per_process
+        if self.even_batches:
+            return (full + 1) * self.per_process
+        start = self.process_index * self.per_process
+        return full * self.per_process + min(self.per_process, max(0, remaining - start))
+
     def __iter__(self) -> Iterator[Any]:
         window = self.per_process * self.num_processes
         start, end = self.process_index * self.per_process, (self.process_index + 1) * self.per_process
@@ -440,6 +463,7 @@ def prepare_data_loader(
     if isinstance(dataset, IterableDataset):
         if dataloader.batch_size is None:
             raise ValueError("prepare needs a DataLoader with a batch_size for an iterable dataset.")
+        padded_remainder = 0
         if num_processes > 1:
             dataset = IterableDatasetShard(
                 dataset,
@@ -450,8 +474,11 @@ def prepare_data_loader(
                 even_batches=even_batches,
                 drop_last=dataloader.drop_last,
             )
+            padded_remainder = dataset.padded_remainder
         per_process = dataloader.batch_size // num_processes if split_batches else dataloader.batch_size
-        return PreparedDataLoader(dataset, batch_size=per_process, drop_last=dataloader.drop_last, **common)
+        return PreparedDataLoader(
+            dataset, batch_size=per_process, drop_last=dataloader.drop_last, padded_remainder=padded_remainder, **common
+        )
 
     if dataloader.batch_sampler is None:
         raise ValueError(

@@ -37,6 +37,13 @@ class IterIndices(IterableDataset):
         return iter(range(self.n))
 
 
+class SizedIterIndices(IterIndices):
+    """An iterable dataset that knows its length (like a streamed dataset with a known size)."""
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class Records(Dataset):
     """Nested samples for gather_for_metrics: a tensor, a dict with a 2-d tensor, and a string."""
 
@@ -57,7 +64,8 @@ def batches_of(loader, epochs: int):
 def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    set_seed(3)
+    # different RNG state per rank: only the agreed (broadcast) shuffle seed can make the ranks agree
+    set_seed(3, device_specific=True)
     result = {}
 
     # 33 samples, batch 4, 2 ranks: 9 inner batches (the last one has 1 sample) -> uneven per rank.
@@ -82,6 +90,19 @@ def main() -> None:
         loader = accelerator.prepare(DataLoader(IterIndices(37), batch_size=4))
         result[f"iter_even{int(even)}"] = {"epochs": batches_of(loader, 1)}
 
+    # sized iterable dataset: len(prepared_loader) and gather_for_metrics must know the length too
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(DataLoader(SizedIterIndices(37), batch_size=4))
+    try:
+        length = len(loader)
+    except TypeError as error:  # recorded, so the test can show the error
+        length = f"{type(error).__name__}: {error}"
+    batches, gathered = [], []
+    for batch in loader:
+        batches.append(batch.tolist())
+        gathered += accelerator.gather_for_metrics(batch).tolist()
+    result["sized_iter"] = {"len": length, "batches": batches, "gathered": gathered}
+
     # gather_for_metrics: 101 samples, batch 8, 2 ranks -> the padded last step must be trimmed
     accelerator = Accelerator(cpu=True)
     loader = accelerator.prepare(DataLoader(Records(101), batch_size=8))
@@ -101,6 +122,14 @@ def main() -> None:
     exact = []
     for batch in exact_loader:
         exact += accelerator.gather_for_metrics(batch["index"]).tolist()
+    # shuffled, and split_batches (global batch 16): still every sample exactly once
+    for name, split in (("gfm_shuffled", False), ("gfm_split", True)):
+        accelerator = Accelerator(cpu=True, split_batches=split)
+        shuffled = accelerator.prepare(DataLoader(Indices(101), batch_size=16 if split else 8, shuffle=True))
+        values = []
+        for batch in shuffled:
+            values += accelerator.gather_for_metrics(batch).tolist()
+        result[name] = values
     result["gather_for_metrics"] = {
         "len": len(loader),
         "local_batch_sizes": per_step_local,

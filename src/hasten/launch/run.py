@@ -45,14 +45,27 @@ def execute(plan: LaunchPlan) -> int:
 
 
 def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:
-    """The failure that caused the others: the earliest one that is not a 'peer went away' error."""
+    """The failure that caused the others.
+
+    torchrun records the ranks it stopped (SIGTERM, no error file) and the
+    ranks that lost a peer as failures too, often within the same second
+    as the real one; those rank last, then earlier timestamps first.
+    """
     from .worker import is_peer_lost
 
-    ordered = sorted(failures.items(), key=lambda item: (getattr(item[1], "timestamp", 0), item[0]))
-    for rank, failure in ordered:
-        if not is_peer_lost(str(getattr(failure, "message", ""))):
-            return rank, failure
-    return ordered[0]
+    def collateral(item: tuple[int, Any]) -> tuple[bool, bool, float, int]:
+        rank, failure = item
+        stopped = getattr(failure, "exitcode", 1) == -signal.SIGTERM
+        return stopped, is_peer_lost(_message(failure)), getattr(failure, "timestamp", 0), rank
+
+    return min(failures.items(), key=collateral)
+
+
+def _message(failure: Any) -> str:
+    message = getattr(failure, "message", "")
+    if isinstance(message, dict):  # torchelastic's error-file layout
+        message = message.get("message", "")
+    return str(message or "")
 
 
 def _failure_line(rank: int, failure: object, world_size: int) -> str:
@@ -65,9 +78,7 @@ def _failure_line(rank: int, failure: object, world_size: int) -> str:
         reason = f"was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
     else:
         reason = f"failed with exit code {exitcode}"
-    message = getattr(failure, "message", "")
-    if isinstance(message, dict):  # torchelastic's error-file layout
-        message = message.get("message", "")
-    if isinstance(message, str) and message and not message.startswith("To enable traceback"):
+    message = _message(failure)
+    if message and not message.startswith(("To enable traceback", "Signal ")):
         reason += f": {message.splitlines()[0]}"
     return f"hasten launch: rank {rank} of {world_size} {reason} (its traceback is above); the other ranks were stopped."
