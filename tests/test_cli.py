@@ -141,3 +141,17 @@ def test_root_cause_skips_ranks_stopped_by_the_launcher():
         1: _Failure({"message": "ValueError: boom"}, 100),
     }
     assert root_cause(failures)[0] == 1
+
+
+def test_failure_summary_wording():
+    import signal
+
+    from hasten.launch.run import failure_summary
+
+    raised = {0: _Failure("Signal 15", 5, exitcode=-signal.SIGTERM), 1: _Failure({"message": "ValueError: boom"}, 5)}
+    assert failure_summary(raised, 2) == ("hasten launch: rank 1 of 2 failed with ValueError: boom (traceback above); "
+                                          "the other ranks were stopped.")
+    exited = {0: _Failure("", 5, exitcode=1), 1: _Failure("", 5, exitcode=1)}
+    assert failure_summary(exited, 2) == "hasten launch: rank 0 of 2 exited with code 1; 1 other rank(s) ended too: 1."
+    killed = {1: _Failure("Signal 9", 5, exitcode=-9)}
+    assert "rank 1 of 2 was killed by SIGKILL (out of memory?)." in failure_summary(killed, 2)

@@ -14,6 +14,15 @@ import torch
 __all__ = ["save", "atomic_write", "is_tensor_dict"]
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def is_tensor_dict(obj: Any) -> bool:
     """True for a non-empty mapping of str to tensors (what safetensors can store)."""
     return (
@@ -39,6 +48,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give what open() would
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

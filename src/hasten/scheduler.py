@@ -2,8 +2,9 @@
 
 Policy: **the scheduler advances once per optimizer step that really
 happened.** Size your schedule in optimizer steps as your loop sees them on
-one process, e.g. ``num_training_steps = len(prepared_train_dl) * epochs //
-gradient_accumulation_steps``. So:
+one process. The last batch of every epoch also steps, so with
+accumulation: ``num_training_steps = math.ceil(len(prepared_train_dl) /
+gradient_accumulation_steps) * epochs``. So:
 
 - it does not advance on accumulation steps that do not synchronise;
 - it does not advance when fp16 skipped the optimizer step (inf/NaN);

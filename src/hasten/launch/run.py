@@ -37,8 +37,8 @@ def execute(plan: LaunchPlan) -> int:
     try:
         run(parse_args(plan.torchrun_argv()))
     except ChildFailedError as failed:
-        rank, failure = root_cause(failed.failures)
-        sys.stderr.write(_failure_line(rank, failure, plan.num_processes) + "\n")
+        _, failure = root_cause(failed.failures)
+        sys.stderr.write(failure_summary(failed.failures, plan.num_processes) + "\n")
         code = failure.exitcode
         return code if 0 < code < 256 else 1
     return 0
@@ -68,7 +68,9 @@ def _message(failure: Any) -> str:
     return str(message or "")
 
 
-def _failure_line(rank: int, failure: object, world_size: int) -> str:
+def failure_summary(failures: dict[int, Any], world_size: int) -> str:
+    """One line for the terminal: which rank failed first and why, and what happened to the others."""
+    rank, failure = root_cause(failures)
     exitcode = getattr(failure, "exitcode", 1)
     if exitcode < 0:
         try:
@@ -77,8 +79,15 @@ def _failure_line(rank: int, failure: object, world_size: int) -> str:
             name = f"signal {-exitcode}"
         reason = f"was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
     else:
-        reason = f"failed with exit code {exitcode}"
+        reason = f"exited with code {exitcode}"
     message = _message(failure)
     if message and not message.startswith(("To enable traceback", "Signal ")):
-        reason += f": {message.splitlines()[0]}"
-    return f"hasten launch: rank {rank} of {world_size} {reason} (its traceback is above); the other ranks were stopped."
+        reason = f"failed with {message.splitlines()[0]} (traceback above)"
+    others = [r for r in failures if r != rank]
+    stopped = [r for r in others if getattr(failures[r], "exitcode", 0) == -signal.SIGTERM]
+    tail = ""
+    if len(stopped) == len(others) and others:
+        tail = "; the other ranks were stopped"
+    elif others:
+        tail = f"; {len(others)} other rank(s) ended too: {', '.join(map(str, sorted(others)))}"
+    return f"hasten launch: rank {rank} of {world_size} {reason}{tail}."
