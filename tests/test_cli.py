@@ -26,10 +26,10 @@ def script(tmp_path):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--num_processes", "0"], "--num_processes must be at least 1, got 0."),
+        (["--num_processes", "0"], "num_processes must be at least 1, got 0."),
         (["--num_processes", "two"], "invalid int value: 'two'"),
         (["--mixed_precision", "fp8"], "invalid choice: 'fp8'"),
-        (["--main_process_port", "70000", "--num_processes", "2"], "--main_process_port must be between 1 and 65535"),
+        (["--main_process_port", "70000", "--num_processes", "2"], "main_process_port must be between 1 and 65535"),
         (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be at least 1"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],

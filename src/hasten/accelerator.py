@@ -52,6 +52,9 @@ def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
 
 
+_SYNC_STEP = contextlib.nullcontext()  # reusable: entering it does nothing
+
+
 def _first_given(*values: Any) -> Any:
     """The first value that is not None: explicit argument, then launch spec, then default."""
     return next(v for v in values if v is not None)
@@ -105,6 +108,12 @@ class Accelerator:
                     f"remove the argument."
                 )
         spec = LaunchSpec.from_env()
+        for engine, settings in (("DeepSpeed", spec.deepspeed), ("FSDP", spec.fsdp)):
+            if settings is not None:
+                raise NotImplementedError(
+                    f"this run was launched with {engine}, which this hasten version cannot drive yet; "
+                    f"launch without --use_{engine.lower()} (and without it in your config file)."
+                )
         handlers = split_kwargs_handlers(kwargs_handlers)
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         self.state = PartialState(cpu=cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
@@ -351,13 +360,13 @@ class Accelerator:
             state.step += 1
             state.sync_gradients = state.step % state.num_steps == 0
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Accumulate gradients over `gradient_accumulation_steps` batches before syncing and stepping.
 
         Inside, backward skips the all-reduce except on the synchronising
         step (or the loader's last batch); the prepared optimizer and
-        scheduler step only then.
+        scheduler step only then. (It returns a ready-made context manager
+        rather than running a generator: this is on every training step.)
 
         Example:
             >>> accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
@@ -368,13 +377,14 @@ class Accelerator:
             False
         """
         self._advance_accumulation()
-        if self.gradient_state.sync_gradients:
-            yield
-            return
-        with contextlib.ExitStack() as stack:
-            for model in models:
-                stack.enter_context(self.strategy.no_sync(model))
-            yield
+        if self.gradient_state.sync_gradients or not models:
+            return _SYNC_STEP
+        if len(models) == 1:
+            return self.strategy.no_sync(models[0])
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.no_sync(model))
+        return stack
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:

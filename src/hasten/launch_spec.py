@@ -32,6 +32,8 @@ class LaunchSpec:
     cpu: bool = False
     debug: bool = False
     gradient_accumulation_steps: int | None = None
+    deepspeed: dict | None = None  # DeepSpeedConfig fields, when the run uses DeepSpeed
+    fsdp: dict | None = None  # FSDPConfig fields, when the run uses FSDP
 
     def __post_init__(self) -> None:
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION_CHOICES:

@@ -1,40 +1,98 @@
-"""`hasten launch`: start a training script on 1 or N processes."""
+"""`hasten launch`: start a training script as configured (flags override the config file)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
-from ..launch_spec import MIXED_PRECISION_CHOICES
+from ..config import (
+    ConfigError,
+    DeepSpeedConfig,
+    FSDPConfig,
+    LaunchConfig,
+    config_fields,
+    default_config_path,
+    field_type,
+    from_dict,
+    load_config,
+    to_dict,
+)
 
 DESCRIPTION = """\
-Start SCRIPT (or -m MODULE) on --num_processes processes of this machine.
-Process start and rendezvous are torch.distributed.run's; the settings
-below reach every process as one launch spec, which Accelerator() reads.
+Start SCRIPT (or -m MODULE) as configured by `hasten config`, on this machine.
+
+Precedence: command-line flags > the config file > defaults. Process start
+and rendezvous are torch.distributed.run's (or Open MPI's mpirun with
+--mpirun); the settings reach every process as one launch spec, which
+Accelerator() reads.
+
+--num_processes is the TOTAL number of processes across all machines;
+use --num_processes_per_machine to give the per-machine count instead.
 """
+
+# Flags whose names differ from the schema's field names (kept for users of the peer tool).
+_ALIASES = {"use_cpu": ("--cpu",)}
+_GROUPS = {
+    "hardware": ("num_processes", "gpu_ids", "use_cpu", "mixed_precision", "debug"),
+    "several machines": ("num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
+                         "same_network", "network_interface"),
+    "elastic": ("max_restarts", "monitor_interval"),
+    "MPI (multi-CPU)": ("mpirun", "mpirun_hostfile"),
+    "DeepSpeed / FSDP": ("use_deepspeed", "use_fsdp"),
+}
+
+
+def _add_field_flag(group: Any, f: dataclasses.Field, dest: str) -> None:
+    names = [f"--{f.name}"]
+    if "_" in f.name:
+        names.append(f"--{f.name.replace('_', '-')}")
+    names += list(_ALIASES.get(f.name, ()))
+    kind = field_type(f)
+    help_text = f.metadata["help"]
+    kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text}
+    if kind is bool:  # --flag / --no-flag; absent = take the config file's value
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = kind
+        choices = f.metadata.get("choices")
+        if choices:
+            kwargs["choices"] = choices
+        else:
+            kwargs["metavar"] = f.name.split("_")[-1].upper()
+    group.add_argument(*names, **kwargs)
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "launch",
-        help="start a training script on 1 or N processes",
+        help="start a training script on 1 or N processes, on 1 or N machines",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--num_processes", "--num-processes", type=int, default=1, metavar="N",
-                        help="processes to start on this machine (default: 1)")
-    parser.add_argument("--cpu", action="store_true", help="compute on the CPU even if GPUs are present")
-    parser.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None,
-                        help="mixed precision for every process (default: the script's own choice, else 'no')")
-    parser.add_argument("--gradient_accumulation_steps", "--gradient-accumulation-steps", type=int, default=None,
-                        metavar="K", help="default gradient accumulation steps for Accelerator()")
-    parser.add_argument("--main_process_ip", "--main-process-ip", default="127.0.0.1", metavar="ADDR",
-                        help="address the rendezvous listens on (default: 127.0.0.1, loopback only)")
-    parser.add_argument("--main_process_port", "--main-process-port", type=int, default=None, metavar="PORT",
-                        help="rendezvous port (default: a free port)")
-    parser.add_argument("--debug", action="store_true", help="check tensor shapes across ranks before collectives")
-    parser.add_argument("--dry_run", "--dry-run", action="store_true", help="print the command and launch spec, start nothing")
+    parser.add_argument("--config_file", "--config-file", default=None, metavar="PATH",
+                        help=f"config file to read (default: {default_config_path()} if it exists)")
+    fields_by_name = {f.name: f for f in config_fields(LaunchConfig)}
+    for title, names in _GROUPS.items():
+        group = parser.add_argument_group(title)
+        for name in names:
+            _add_field_flag(group, fields_by_name[name], name)
+        if title == "hardware":
+            group.add_argument("--num_processes_per_machine", "--num-processes-per-machine", type=int, default=None,
+                               metavar="N", help="processes on each machine (instead of the total --num_processes)")
+            group.add_argument("--multi_cpu", "--multi-cpu", action="store_true", help="several processes on CPUs")
+            group.add_argument("--multi_gpu", "--multi-gpu", action="store_true", help="several processes on GPUs")
+            group.add_argument("--gradient_accumulation_steps", "--gradient-accumulation-steps", type=int,
+                               default=None, metavar="K", help="default gradient accumulation steps for Accelerator()")
+    for title, schema, prefix in (("DeepSpeed options", DeepSpeedConfig, "ds"), ("FSDP options", FSDPConfig, "fsdp")):
+        group = parser.add_argument_group(title)
+        for f in dataclasses.fields(schema):
+            if f.name != "gradient_accumulation_steps":  # the general flag (above) also feeds DeepSpeed
+                _add_field_flag(group, f, f"{prefix}:{f.name}")
+    other = parser.add_argument_group("output")
+    other.add_argument("--dry_run", "--dry-run", action="store_true", help="print the command and launch spec, start nothing")
+    other.add_argument("-q", "--quiet", action="store_true", help="only the script's own output and errors")
     parser.add_argument("-m", "--module", action="store_true", help="treat SCRIPT as a Python module name")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="arguments passed to the script")
@@ -42,29 +100,109 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..launch.plan import LaunchError, LaunchPlan
+def resolve_config(args: argparse.Namespace) -> LaunchConfig:
+    """Defaults, then the config file, then the flags given on the command line."""
+    base = load_config(args.config_file)
+    data = to_dict(base)
+    given = {name: value for name, value in vars(args).items() if value is not None}
+    for f in config_fields(LaunchConfig):
+        if f.name in given and not isinstance(given[f.name], (dict, list)):
+            data[f.name] = given[f.name]
+    for section, prefix, switch in (("deepspeed_config", "ds", "use_deepspeed"), ("fsdp_config", "fsdp", "use_fsdp")):
+        options = {key.split(":", 1)[1]: value for key, value in given.items() if key.startswith(f"{prefix}:")}
+        if options:
+            if not data.get(switch):
+                flag = f"--{next(iter(options))}"
+                raise ConfigError(f"{flag} is a {'DeepSpeed' if prefix == 'ds' else 'FSDP'} option; add --{switch}.")
+            data[section] = {**(data.get(section) or {}), **options}
+    if data.get("use_deepspeed") and args.gradient_accumulation_steps is not None:
+        data["deepspeed_config"] = {**(data.get("deepspeed_config") or {}),
+                                    "gradient_accumulation_steps": args.gradient_accumulation_steps}
+    if args.multi_cpu and args.multi_gpu:
+        raise ConfigError("--multi_cpu and --multi_gpu exclude each other; pick one.")
+    if args.multi_cpu:
+        data["distributed_type"], data["use_cpu"] = "MULTI_CPU", True
+    if args.multi_gpu:
+        data["distributed_type"] = "MULTI_GPU"
+    per_machine = args.num_processes_per_machine
+    if per_machine is not None:
+        if per_machine < 1:
+            raise ConfigError(f"--num_processes_per_machine must be at least 1, got {per_machine}.")
+        total = per_machine * int(data.get("num_machines") or 1)
+        if args.num_processes is not None and args.num_processes != total:
+            raise ConfigError(
+                f"--num_processes {args.num_processes} (total) disagrees with --num_processes_per_machine "
+                f"{per_machine} on {data.get('num_machines')} machine(s) = {total}; give only one of them."
+            )
+        data["num_processes"] = total
+    if data.get("use_deepspeed"):
+        data["distributed_type"] = "DEEPSPEED"
+    elif data.get("use_fsdp"):
+        data["distributed_type"] = "FSDP"
+    return from_dict(data, source="the command line and config file")
+
+
+def build_plan(args: argparse.Namespace, config: LaunchConfig):
+    """The LaunchPlan for a resolved config and the script to run."""
+    from ..launch.plan import LaunchPlan
     from ..launch_spec import LaunchSpec
 
     if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
-        return _refuse(f"--gradient_accumulation_steps must be at least 1, got {args.gradient_accumulation_steps}.")
+        raise ConfigError(f"--gradient_accumulation_steps must be at least 1, got {args.gradient_accumulation_steps}.")
+    _check_precision(config)
+    spec = LaunchSpec(
+        mixed_precision=config.mixed_precision,
+        cpu=config.use_cpu,
+        debug=config.debug,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        deepspeed=dataclasses.asdict(config.deepspeed) if config.use_deepspeed else None,
+        fsdp=dataclasses.asdict(config.fsdp) if config.use_fsdp else None,
+    )
+    return LaunchPlan(
+        target=args.script,
+        target_args=tuple(args.script_args),
+        module=args.module,
+        num_processes=config.num_processes,
+        num_machines=config.num_machines,
+        machine_rank=config.machine_rank,
+        main_process_ip=config.main_process_ip,
+        main_process_port=config.main_process_port,
+        rdzv_backend=config.rdzv_backend,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        mpirun=config.mpirun,
+        mpirun_hostfile=config.mpirun_hostfile,
+        gpu_ids=config.gpu_ids,
+        network_interface=config.network_interface,
+        quiet=args.quiet,
+        spec=spec,
+    ).validate()
+
+
+def _check_precision(config: LaunchConfig) -> None:
+    """Refuse a precision the chosen devices cannot do, before starting anything."""
+    if config.mixed_precision != "bf16" or config.use_cpu:
+        return
+    from ..launch.gpus import gpu_compute_capabilities
+
+    capabilities = gpu_compute_capabilities()
+    old = [index for index, capability in enumerate(capabilities) if capability < (8, 0)]
+    if capabilities and old:
+        raise ConfigError(
+            f"--mixed_precision bf16 needs GPUs of compute capability 8.0 or newer, but GPU(s) {old} are older; "
+            "use --mixed_precision fp16."
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..launch.plan import LaunchError
+
     try:
-        plan = LaunchPlan(
-            target=args.script,
-            target_args=tuple(args.script_args),
-            module=args.module,
-            num_processes=args.num_processes,
-            main_process_ip=args.main_process_ip,
-            main_process_port=args.main_process_port,
-            spec=LaunchSpec(
-                mixed_precision=args.mixed_precision,
-                cpu=args.cpu,
-                debug=args.debug,
-                gradient_accumulation_steps=args.gradient_accumulation_steps,
-            ),
-        ).validate()
-    except LaunchError as error:
-        return _refuse(str(error))
+        config = resolve_config(args)
+        plan = build_plan(args, config)
+    except (ConfigError, LaunchError) as error:
+        sys.stderr.write(f"hasten launch: error: {error}\n")
+        return 2
     if args.dry_run:
         print(plan.describe())
         return 0
@@ -73,6 +211,4 @@ def run(args: argparse.Namespace) -> int:
     return execute(plan)
 
 
-def _refuse(message: str) -> int:
-    sys.stderr.write(f"hasten launch: error: {message}\n")
-    return 2
+__all__ = ["add_parser", "resolve_config", "build_plan"]

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .. import __version__
-from . import launch as launch_command
+from . import config_command, env_command, launch as launch_command, test_command
 
 
 class ConciseParser(argparse.ArgumentParser):
@@ -23,7 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hasten {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ConciseParser)
+    config_command.add_parser(commands)
     launch_command.add_parser(commands)
+    env_command.add_parser(commands)
+    test_command.add_parser(commands)
     return parser
 
 
@@ -34,9 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if unknown:  # flags placed before the script that the sub-command does not know
+    if unknown and getattr(args, "passes_unknown_flags", False):
+        args.launch_flags = [*unknown, *args.launch_flags]
+    elif unknown:  # flags placed before the script that the sub-command does not know
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # e.g. `hasten env | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,23 +1,27 @@
 """A launch plan: what `hasten launch` will start, as a plain value.
 
-`LaunchPlan` turns validated settings into the torchrun argument list and
-the environment of the workers, without starting anything, so both are
-testable (and printable) on their own.
+`LaunchPlan` turns validated settings into the command line (torchrun's
+arguments, or mpirun's) and the environment of the workers, without
+starting anything, so both are testable and printable (`--dry_run`).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from ..launch_spec import LaunchSpec
+from .network import interface_for_address, is_loopback
 
-__all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use"]
+__all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "available_cpus"]
 
 WORKER_MODULE = "hasten.launch.worker"
+DEFAULT_MULTI_NODE_PORT = 29500
 
 
 class LaunchError(ValueError):
@@ -37,8 +41,9 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return True
+        except OSError as error:
+            # An address that is not ours cannot be checked from here.
+            return error.errno != 99  # EADDRNOTAVAIL
     return False
 
 
@@ -51,7 +56,9 @@ def available_cpus() -> int:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything needed to start the processes of one run.
+    """Everything needed to start the processes of one run (on this machine).
+
+    `num_processes` is the total across machines.
 
     Example:
         >>> plan = LaunchPlan(target="train.py", num_processes=2, main_process_port=29600)
@@ -63,72 +70,151 @@ class LaunchPlan:
     target_args: tuple[str, ...] = ()
     module: bool = False
     num_processes: int = 1
-    main_process_ip: str = "127.0.0.1"
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
     main_process_port: int | None = None
+    rdzv_backend: str = "static"
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    mpirun: bool = False
+    mpirun_hostfile: str | None = None
+    gpu_ids: str = "all"
+    network_interface: str | None = None
+    quiet: bool = False
     spec: LaunchSpec = field(default_factory=LaunchSpec)
+
+    # -- derived ------------------------------------------------------------------
+    @property
+    def processes_per_machine(self) -> int:
+        return self.num_processes // self.num_machines
+
+    @property
+    def mode(self) -> str:
+        """'mpirun', 'torchrun' (several processes or machines) or 'single' (run in this process)."""
+        if self.mpirun:
+            return "mpirun"
+        if self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0:
+            return "torchrun"
+        return "single"
 
     @property
     def multi_process(self) -> bool:
-        return self.num_processes > 1
+        return self.mode != "single"
 
+    @property
+    def master_addr(self) -> str:
+        return self.main_process_ip or "127.0.0.1"
+
+    # -- validation -------------------------------------------------------------------
     def validate(self, check_port: bool = True) -> "LaunchPlan":
         """Refuse a plan that cannot work, before anything starts; returns the plan with a port chosen."""
         if self.num_processes < 1:
             raise LaunchError(f"--num_processes must be at least 1, got {self.num_processes}.")
+        if self.num_machines < 1:
+            raise LaunchError(f"--num_machines must be at least 1, got {self.num_machines}.")
+        if not 0 <= self.machine_rank < self.num_machines:
+            raise LaunchError(
+                f"--machine_rank {self.machine_rank} must be below --num_machines {self.num_machines} "
+                f"(ranks are 0 to {self.num_machines - 1})."
+            )
+        if self.num_processes % self.num_machines:
+            raise LaunchError(
+                f"--num_processes {self.num_processes} is the total across machines and must be divisible by "
+                f"--num_machines {self.num_machines}; or give --num_processes_per_machine instead."
+            )
         if not self.module and not os.path.isfile(self.target):
             raise LaunchError(f"the script {self.target!r} does not exist; check the path (or use -m for a module).")
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise LaunchError("a run on several machines needs --main_process_ip, the address of the machine with rank 0.")
+        if self.mpirun and shutil.which("mpirun") is None:
+            raise LaunchError("--mpirun needs Open MPI's mpirun on PATH; install it (apt-get install openmpi-bin).")
+        if self.mpirun_hostfile and not os.path.isfile(self.mpirun_hostfile):
+            raise LaunchError(f"the mpirun hostfile {self.mpirun_hostfile!r} does not exist.")
+        if self.gpu_ids != "all" and not all(part.strip().isdigit() for part in self.gpu_ids.split(",")):
+            raise LaunchError(f"--gpu_ids {self.gpu_ids!r} must be 'all' or GPU numbers like 0,1.")
         port = self.main_process_port
         if port is not None and not 0 < port < 65536:
             raise LaunchError(f"--main_process_port must be between 1 and 65535, got {port}.")
         if not self.multi_process:
             return self
         if port is None:
-            return _replace(self, main_process_port=find_free_port(self.main_process_ip))
-        if check_port and port_in_use(port, self.main_process_ip):
+            if self.num_machines > 1:  # every machine must agree on it: no random choice
+                return replace(self, main_process_port=DEFAULT_MULTI_NODE_PORT).validate(check_port)
+            return replace(self, main_process_port=find_free_port(self.master_addr))
+        if check_port and self.machine_rank == 0 and port_in_use(port, self.master_addr):
             raise LaunchError(
-                f"port {port} on {self.main_process_ip} is already in use; pass another --main_process_port "
+                f"port {port} on {self.master_addr} is already in use; pass another --main_process_port "
                 "or leave it out to pick a free one."
             )
         return self
 
+    # -- commands -----------------------------------------------------------------------
     def torchrun_argv(self) -> list[str]:
         """Arguments for torch.distributed.run (torchrun)."""
-        argv = [
-            "--nnodes=1",
-            f"--nproc-per-node={self.num_processes}",
-            "--node-rank=0",
-            f"--master-addr={self.main_process_ip}",
-            f"--master-port={self.main_process_port}",
-            "--max-restarts=0",
-            "-m",
-            WORKER_MODULE,
-        ]
+        argv = [f"--nnodes={self.num_machines}", f"--nproc-per-node={self.processes_per_machine}"]
+        if self.rdzv_backend == "c10d":
+            argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.master_addr}:{self.main_process_port}",
+                     "--rdzv-id=hasten"]
+        else:
+            argv += [f"--node-rank={self.machine_rank}", f"--master-addr={self.master_addr}",
+                     f"--master-port={self.main_process_port}"]
+        argv += [f"--max-restarts={self.max_restarts}", f"--monitor-interval={self.monitor_interval}", "-m", WORKER_MODULE]
         return argv + self.worker_argv()
+
+    def mpirun_argv(self, is_root: bool | None = None, cpus: int | None = None) -> list[str]:
+        """The full mpirun command (Open MPI): each rank runs the worker; gloo connects them."""
+        is_root = (os.geteuid() == 0) if is_root is None else is_root
+        cpus = available_cpus() if cpus is None else cpus
+        argv = ["mpirun", "-np", str(self.num_processes), "--bind-to", "none"]
+        if is_root:
+            argv.append("--allow-run-as-root")
+        if self.mpirun_hostfile:
+            argv += ["--hostfile", self.mpirun_hostfile]
+        elif self.num_processes > cpus:
+            argv.append("--oversubscribe")
+        for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env()):
+            argv += ["-x", name]
+        return argv + [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
 
     def worker_argv(self) -> list[str]:
         """Arguments for hasten.launch.worker: the user's target and its own arguments."""
         return (["--module"] if self.module else []) + [self.target, *self.target_args]
 
     def worker_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The environment the workers start with: the caller's plus the launch spec and thread count."""
+        """The environment the workers start with: the caller's, plus the spec, threads, GPUs, network."""
         env = dict(os.environ if base is None else base)
         env.update(self.spec.to_env())
         if "OMP_NUM_THREADS" not in env:
             # cores / local processes: more threads than cores makes every rank slower
-            env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // self.num_processes))
+            env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // self.processes_per_machine))
+        if self.gpu_ids != "all":
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids.replace(" ", "")
+        if self.mode == "mpirun":
+            env["MASTER_ADDR"] = self.master_addr
+            env["MASTER_PORT"] = str(self.main_process_port)
+        interface = self.network_interface
+        if interface is None and self.num_machines > 1 and not is_loopback(self.master_addr):
+            interface = interface_for_address(self.master_addr)
+        if interface:
+            # gloo otherwise advertises whatever the hostname resolves to (often
+            # 127.0.0.1) and the other machines wait for it forever.
+            env.setdefault("GLOO_SOCKET_IFNAME", interface)
+            env.setdefault("NCCL_SOCKET_IFNAME", interface)
+        if self.quiet:
+            env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         return env
 
+    def command(self) -> list[str]:
+        """The command this plan runs, as argv."""
+        if self.mode == "mpirun":
+            return self.mpirun_argv()
+        if self.mode == "torchrun":
+            return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_argv()]
+        return [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
+
     def describe(self) -> str:
-        """The exact command this plan runs, for --dry_run and logs."""
-        if self.multi_process:
-            command = [sys.executable, "-m", "torch.distributed.run", *self.torchrun_argv()]
-        else:
-            command = [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
-        spec = self.spec.to_env()
-        return " ".join(f"{k}='{v}'" for k, v in spec.items()) + " " + " ".join(command)
-
-
-def _replace(plan: LaunchPlan, **changes: object) -> LaunchPlan:
-    from dataclasses import replace
-
-    return replace(plan, **changes)
+        """The exact command and launch spec, for --dry_run and logs."""
+        env = self.worker_env({})
+        shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        return f"{shown} {shlex.join(self.command())}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 from typing import Any
 
@@ -18,22 +19,29 @@ def execute(plan: LaunchPlan) -> int:
 
     When a rank fails, the others are stopped and one line names the rank
     that failed first and why (its traceback was printed by the rank itself).
+    Ctrl-C / SIGTERM reach every process; none is left behind.
     """
     env = plan.worker_env()
-    if not plan.multi_process:
-        os.environ.clear()
-        os.environ.update(env)
+    os.environ.clear()
+    os.environ.update(env)
+    if plan.mode == "single":
         from .worker import main as worker_main
 
         return worker_main(plan.worker_argv())
+    if plan.mode == "mpirun":
+        return run_forwarding_signals(plan.command())
+    return _run_torchrun(plan)
 
-    os.environ.clear()
-    os.environ.update(env)
+
+def _run_torchrun(plan: LaunchPlan) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     # The agent's own per-failure log lines would bury our one-line summary.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    if plan.quiet:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     try:
         run(parse_args(plan.torchrun_argv()))
     except ChildFailedError as failed:
@@ -41,7 +49,23 @@ def execute(plan: LaunchPlan) -> int:
         sys.stderr.write(failure_summary(failed.failures, plan.num_processes) + "\n")
         code = failure.exitcode
         return code if 0 < code < 256 else 1
+    except SignalException as stopped:
+        sys.stderr.write(f"hasten launch: stopped by {signal.Signals(stopped.sigval).name}; all processes were ended.\n")
+        return 128 + int(stopped.sigval)
     return 0
+
+
+def run_forwarding_signals(command: list[str]) -> int:
+    """Run a launcher subprocess (e.g. mpirun), passing Ctrl-C / SIGTERM on to it; returns a shell exit code."""
+    process = subprocess.Popen(command)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda sig, _frame: process.send_signal(sig)) for sig in forwarded}
+    try:
+        code = process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
 
 
 def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:

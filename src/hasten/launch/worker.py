@@ -59,7 +59,12 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
 
 
 def _rank() -> str:
-    return os.environ.get("RANK", "0")
+    from hasten.topology import ProcessTopology  # torch-free: works under torchrun, MPI and SLURM
+
+    try:
+        return str(ProcessTopology.from_env().rank)
+    except ValueError:
+        return os.environ.get("RANK", "?")
 
 
 def _record_failure(error: BaseException) -> None:

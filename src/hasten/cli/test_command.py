@@ -1,0 +1,32 @@
+"""`hasten test`: is my setup working? Runs hasten's self-test on all configured processes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    parser = commands.add_parser(
+        "test",
+        help="run a self-test on every configured process and print one line: passed or what failed",
+        description="Runs hasten's self-test script through `hasten launch` with your config. Any launch flag "
+                    "(e.g. --num_processes 2 --cpu) may follow and overrides the config file.",
+    )
+    parser.add_argument("--config_file", "--config-file", default=None, metavar="PATH",
+                        help="config file to use (default: the default path)")
+    parser.add_argument("launch_flags", nargs=argparse.REMAINDER, metavar="LAUNCH_FLAGS",
+                        help="extra `hasten launch` flags")
+    parser.set_defaults(run=run, parser=parser, passes_unknown_flags=True)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import selftest
+    from .main import main
+
+    argv = ["launch"]
+    if args.config_file:
+        argv += ["--config_file", args.config_file]
+    return main([*argv, *args.launch_flags, str(Path(selftest.__file__))])
