@@ -30,6 +30,8 @@ _EXPORTS = {
     "GradScalerKwargs": "options",
     "set_seed": "seeding",
     "skip_first_batches": "data",
+    "notebook_launcher": "launch.notebook",
+    "debug_launcher": "launch.notebook",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -51,6 +53,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs only
     from .accelerator import Accelerator
     from .data import skip_first_batches
+    from .launch.notebook import debug_launcher, notebook_launcher
     from .launch_spec import LaunchSpec
     from .options import (
         DataLoaderConfiguration,
