@@ -135,7 +135,7 @@ class LaunchConfig:
     network_interface: str | None = option(None, "network interface for gloo/NCCL (default: the one routing to main_process_ip)")
     num_processes: int = option(1, "processes in total, across all machines",
                                 question="How many processes in total (across all machines) should be used?")
-    gpu_ids: str = option("all", "GPUs to use on this machine, e.g. '0,1' (default: all)",
+    gpu_ids: str = option("all", "GPUs to use on this machine, comma separated, e.g. '0,1' (default: all)",
                           question="Which GPU ids should be used (comma separated, or 'all')?")
     use_cpu: bool = option(False, "compute on the CPU even if GPUs are present",
                            question="Do you want to run on the CPU only (even if GPUs are available)?")
@@ -145,8 +145,10 @@ class LaunchConfig:
                          question="Should distributed operations be checked while running for errors (debug mode)?")
     max_restarts: int = option(0, "restart the whole group this many times after a failure (elastic)")
     monitor_interval: float = option(0.1, "seconds between health checks of the processes (elastic)")
-    mpirun: bool = option(False, "start the processes with Open MPI's mpirun instead of torchrun (multi-CPU)")
-    mpirun_hostfile: str | None = option(None, "hostfile for mpirun")
+    mpirun: bool = option(False, "start the processes with Open MPI's mpirun instead of torchrun (multi-CPU)",
+                          question="Start the processes with mpirun (Open MPI) instead of torchrun?")
+    mpirun_hostfile: str | None = option(None, "hostfile for mpirun",
+                                         question="mpirun hostfile (empty for this machine only)")
     use_deepspeed: bool = option(False, "use DeepSpeed", question="Do you want to use DeepSpeed?")
     use_fsdp: bool = option(False, "use Fully Sharded Data Parallel", question="Do you want to use FullyShardedDataParallel?")
     deepspeed_config: dict = option({}, "DeepSpeed settings (see DeepSpeedConfig)")
@@ -159,6 +161,7 @@ class LaunchConfig:
     fp8_config: dict = option({}, "FP8 settings", ignored=True)
     megatron_lm_config: dict = option({}, "Megatron-LM settings", ignored=True)
     parallelism_config: dict = option({}, "N-D parallelism settings", ignored=True)
+    tp_config: dict = option({}, "tensor parallelism settings", ignored=True)
     ipex_config: dict = option({}, "IPEX settings", ignored=True)
     mpirun_config: dict = option({}, "read into mpirun_hostfile", ignored=True)
     tpu_name: str | None = option(None, "TPU only", ignored=True)
@@ -251,6 +254,13 @@ def coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
         if kind is float:
             return float(value)
         if kind is str:
+            if isinstance(value, bool):  # unquoted YAML `no` / `yes` (e.g. `mixed_precision: no`) arrives as a bool
+                word = "yes" if value else "no"
+                return next((c for c in f.metadata.get("choices") or () if str(c).lower() == word), str(value).lower())
+            if isinstance(value, list) and "comma separated" in f.metadata.get("help", ""):
+                return ",".join(str(item) for item in value)  # `gpu_ids: [0, 1]` -> "0,1"
+            if isinstance(value, (list, dict)):
+                raise ValueError
             return str(value)
         if kind in (dict, list):
             if not isinstance(value, kind):
@@ -272,7 +282,9 @@ def _sub_config(schema: type, data: Mapping[str, Any], section: str) -> Any:
     values = {}
     for key, value in (data or {}).items():
         if key not in known:
-            raise ConfigError(f"unknown key {section}.{key}; known keys: {', '.join(sorted(known))}.")
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f" (did you mean {section}.{close[0]}?)" if close else ""
+            raise ConfigError(f"unknown key {section}.{key}{hint}; known keys: {', '.join(sorted(known))}.")
         values[key] = coerce(known[key], value, f"{section}.{key}")
         _check_value(known[key], values[key], f"{section}.{key}")
     return schema(**values)
@@ -321,10 +333,7 @@ def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
         data["num_processes"] = 1
     if data.get("gpu_ids") is None and "gpu_ids" in data:
         data["gpu_ids"] = "all"
-    for key in ("rdzv_backend", "main_process_ip", "main_process_port"):
-        if data.get(key) is None:
-            data.pop(key, None)
-    return data
+    return data  # a null for a key that cannot be None means its default (see from_dict)
 
 
 def from_dict(data: Mapping[str, Any], source: str = "config") -> LaunchConfig:
@@ -344,8 +353,15 @@ def from_dict(data: Mapping[str, Any], source: str = "config") -> LaunchConfig:
             close = difflib.get_close_matches(str(key), list(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"unknown key {key!r} in {source}{hint}; remove it or fix its name.")
+        if value is None and not _optional(known[key]):
+            continue  # `mixed_precision: null` etc.: the default, not None
         values[key] = coerce(known[key], value, key)
     return LaunchConfig(**values).validate()
+
+
+def _optional(f: dataclasses.Field) -> bool:
+    annotation = f.type if not isinstance(f.type, str) else eval(f.type, {}, {})  # noqa: S307 - our own annotations
+    return get_origin(annotation) is not None and type(None) in get_args(annotation)
 
 
 def default_of(f: dataclasses.Field) -> Any:
@@ -377,6 +393,24 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "hasten" / "default_config.yaml"
 
 
+def read_raw(path: str | os.PathLike[str]) -> Any:
+    """The file's parsed YAML/JSON content, unvalidated; a syntax error names the line."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+        return (yaml.safe_load(text) if text.strip() else {}) or {}
+    except yaml.YAMLError as error:
+        mark, start = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        if mark and start and start.line != mark.line:  # e.g. an unclosed quote or bracket
+            where += f" (in what starts at line {start.line + 1})"
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}; fix it or rewrite it with `hasten config`.") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror}.") from None
+
+
 def load_config(path: str | os.PathLike[str] | None = None, required: bool = False) -> LaunchConfig:
     """Read a YAML (or JSON) config file; the default path when `path` is None.
 
@@ -389,18 +423,14 @@ def load_config(path: str | os.PathLike[str] | None = None, required: bool = Fal
         if explicit or required:
             raise ConfigError(f"config file {str(path)!r} does not exist; create it with `hasten config`.")
         return LaunchConfig()
-    import yaml
-
+    data = read_raw(path)
+    source = f"config file {str(path)!r}"
     try:
-        text = path.read_text()
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}; fix it or rewrite it with `hasten config`.") from None
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror}.") from None
-    return from_dict(data or {}, source=f"config file {str(path)!r}")
+        return from_dict(data, source=source)
+    except ConfigError as error:
+        if source in str(error):
+            raise
+        raise ConfigError(f"{source}: {error}") from None
 
 
 def save_config(config: LaunchConfig, path: str | os.PathLike[str] | None = None) -> Path:

@@ -16,6 +16,7 @@ from ..config import (
     from_dict,
     load_config,
     migrate,
+    read_raw,
     save_config,
     to_dict,
 )
@@ -102,11 +103,9 @@ def write_default(path: Path, mixed_precision: str, force: bool) -> int:
 
 
 def update(path: Path) -> int:
-    import yaml
-
     if not path.exists():
         raise ConfigError(f"config file {str(path)!r} does not exist; create it with `hasten config`.")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_raw(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys to values.")
     config = from_dict(raw, source=f"config file {str(path)!r}")
@@ -139,7 +138,9 @@ def ask_answers(defaults: LaunchConfig | None = None, gpus: int | None = None) -
         if d.compute_environment in _ENVIRONMENT_LABELS else "LOCAL_MACHINE", list(_ENVIRONMENT_LABELS.values()),
     )
     answers["compute_environment"] = environment
-    default_type = d.distributed_type if d.distributed_type in _MACHINE_TYPES else "NO"
+    # A DeepSpeed / FSDP file was answered "multi-GPU" (then "yes" to DeepSpeed / FSDP).
+    default_type = "MULTI_GPU" if d.distributed_type in ("DEEPSPEED", "FSDP") else d.distributed_type
+    default_type = default_type if default_type in _MACHINE_TYPES else "NO"
     while True:
         machine = prompts.ask_choice(_question(Q, "distributed_type"), _MACHINE_TYPES, default_type, _MACHINE_LABELS)
         if machine != "TPU":
@@ -161,12 +162,15 @@ def ask_answers(defaults: LaunchConfig | None = None, gpus: int | None = None) -
                                                          d.rdzv_backend)
             answers["same_network"] = prompts.ask_bool(_question(Q, "same_network"), d.same_network)
     if machine == "MULTI_CPU":
-        answers["mpirun"] = prompts.ask_bool("Start the processes with mpirun (Open MPI) instead of torchrun?", d.mpirun)
+        answers["mpirun"] = prompts.ask_bool(_question(Q, "mpirun"), d.mpirun)
         if answers["mpirun"]:
-            answers["mpirun_hostfile"] = prompts.ask_text("mpirun hostfile (empty for this machine only)",
-                                                          d.mpirun_hostfile) or None
+            answers["mpirun_hostfile"] = prompts.ask_text(_question(Q, "mpirun_hostfile"), d.mpirun_hostfile) or None
     if machine == "MULTI_GPU":
         answers.update(_ask_sharding(d))
+        if answers.get("use_deepspeed"):  # the same distributed_type Accelerate writes for these files
+            answers["distributed_type"] = "DEEPSPEED"
+        elif answers.get("use_fsdp"):
+            answers["distributed_type"] = "FSDP"
     if distributed:
         per_machine_default = gpus if machine == "MULTI_GPU" and gpus else 2
         default_total = d.num_processes if d.num_processes > 1 else per_machine_default * answers["num_machines"]

@@ -29,12 +29,12 @@ def _read(prompt: str) -> str:
 
 
 def ask(question: str, parse: Callable[[str], T], default: T, shown_default: str | None = None) -> T:
-    """Ask until `parse` accepts the answer; an empty answer takes the default."""
+    """Ask until `parse` accepts the answer; an empty answer takes the default (if there is one)."""
     shown = shown_default if shown_default is not None else ("" if default is None else str(default))
     while True:
         answer = _read(f"{question} [{shown}]: ").strip()
-        if not answer:
-            return default
+        if not answer and default not in (None, ""):
+            return default  # (with no default, the parser decides whether "" is an answer)
         try:
             return parse(answer)
         except ValueError as error:
@@ -111,7 +111,14 @@ def _env_disables_arrows() -> bool:
 
 
 def _arrow_menu(question: str, labels: list[str], index: int) -> int | None:
-    """Up/down moves, Enter picks, a digit picks directly; returns None if the terminal refuses raw mode."""
+    """Up/down or a digit moves the marker, Enter picks; returns None if the terminal refuses raw mode.
+
+    A digit only moves the marker (it does not pick), so typing "2" then Enter
+    -- the habit from numbered menus -- picks item 2 instead of leaving the
+    Enter to silently accept the next question's default. Keys are read with
+    os.read (unbuffered) so nothing typed ahead is swallowed before input().
+    """
+    import os
     import termios
     import tty
 
@@ -131,23 +138,33 @@ def _arrow_menu(question: str, labels: list[str], index: int) -> int | None:
             out.write(f"\r\x1b[2K {marker} {i + 1}) {label}\n")
         out.flush()
 
-    draw(first=True)
+    def read_key() -> str:
+        data = os.read(fd, 1)
+        if not data:
+            raise EOFError
+        return data.decode("latin-1")
+
     try:
-        tty.setcbreak(fd)
+        tty.setcbreak(fd)  # before drawing: keys pressed as soon as the menu shows are neither echoed nor lost
+        draw(first=True)
         while True:
-            key = sys.stdin.read(1)
+            key = read_key()
             if key in ("\r", "\n"):
                 return index
             if key == "\x03":
                 raise KeyboardInterrupt
             if key == "\x04":
                 raise EOFError
-            if key.isdigit() and 1 <= int(key) <= len(labels):
-                index = int(key) - 1
-                draw(first=False)
-                return index
-            if key == "\x1b" and sys.stdin.read(1) == "[":
-                arrow = sys.stdin.read(1)
+            if key.isdigit():
+                if 1 <= int(key) <= len(labels):
+                    index = int(key) - 1
+                    draw(first=False)
+                else:
+                    out.write("\a")  # not a menu number: beep, keep the menu
+                    out.flush()
+                continue
+            if key == "\x1b" and read_key() == "[":
+                arrow = read_key()
                 if arrow == "A":
                     index = (index - 1) % len(labels)
                 elif arrow == "B":
