@@ -20,3 +20,19 @@ else
 fi
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[test]"
 echo "setup: hasten $("$PYTHON" -c 'import hasten; print(hasten.__version__)') installed"
+
+# Open MPI for the `--mpirun` launch mode and its tests (optional: those tests skip without it).
+if command -v mpirun >/dev/null 2>&1; then
+    echo "setup: using the installed Open MPI ($(mpirun --version 2>/dev/null | head -n 1))"
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    if (export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null 2>&1 \
+            && apt-get install -y -qq --no-install-recommends openmpi-bin >/dev/null 2>&1) \
+        && command -v mpirun >/dev/null 2>&1; then
+        echo "setup: installed Open MPI ($(mpirun --version 2>/dev/null | head -n 1))"
+    else
+        echo "setup: could not install Open MPI with apt-get; the MPI tests will be skipped"
+    fi
+else
+    echo "setup: no mpirun (and no apt-get as root to install openmpi-bin); the MPI tests will be skipped"
+fi

@@ -56,16 +56,51 @@ def _run_torchrun(plan: LaunchPlan) -> int:
 
 
 def run_forwarding_signals(command: list[str]) -> int:
-    """Run a launcher subprocess (e.g. mpirun), passing Ctrl-C / SIGTERM on to it; returns a shell exit code."""
-    process = subprocess.Popen(command)
+    """Run a launcher subprocess (e.g. mpirun), passing Ctrl-C / SIGTERM on to it; returns a shell exit code.
+
+    The subprocess also gets SIGTERM from Linux if this process dies without
+    forwarding anything (SIGKILL, OOM killer): mpirun then stops its ranks
+    instead of running on as an orphan.
+    """
+    process = subprocess.Popen(command, preexec_fn=_terminate_with_parent())
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, lambda sig, _frame: process.send_signal(sig)) for sig in forwarded}
+    received: list[int] = []
+
+    def forward(sig: int, _frame: Any) -> None:
+        received.append(sig)
+        process.send_signal(sig)
+
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
         code = process.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if received:  # mpirun reports a forwarded signal as a plain exit 1; say what happened
+        sig = received[0]
+        sys.stderr.write(f"hasten launch: stopped by {signal.Signals(sig).name}; all processes were ended.\n")
+        return 128 + int(sig)
     return 128 - code if code < 0 else code
+
+
+def _terminate_with_parent():
+    """A `preexec_fn` that sets PR_SET_PDEATHSIG=SIGTERM in the child (Linux; None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return set_death_signal
 
 
 def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:

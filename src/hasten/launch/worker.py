@@ -104,9 +104,12 @@ def _die_with_launcher() -> None:
     """Ask Linux to SIGTERM this rank when its launcher dies, even by SIGKILL.
 
     torchrun starts each rank in a session of its own, so killing the
-    launcher's process group would otherwise leave the ranks running.
+    launcher's process group would otherwise leave the ranks running; an
+    MPI rank's parent is mpirun (or Open MPI's orted), whose SIGKILL would
+    leave it running too.
     """
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+    launched = ("TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+    if not sys.platform.startswith("linux") or not any(name in os.environ for name in launched):
         return
     import ctypes
     import signal
