@@ -447,8 +447,6 @@ def test_gpu_ids_from_file_become_visible_devices(tmp_path):
     assert run.env["CUDA_VISIBLE_DEVICES"] == "1"
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (src/hasten/launch/plan.py, not owned here): the mpirun hostfile "
-                                       "is checked even when --no-mpirun turns mpirun off")
 def test_no_mpirun_flag_overrides_an_accelerate_mpirun_file(tmp_path):
     run = dry_run(tmp_path, "--config_file", str(DATA / "accelerate_multi_cpu.yaml"), "--no-mpirun")
     assert run.returncode == 0, run.stderr

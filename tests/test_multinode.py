@@ -443,3 +443,12 @@ def test_dry_run_shows_the_network_interface(tattletale):
     env, _ = dry_run("--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.200.7.1",
                      "--num_processes", "2", "--network_interface", "flag0", str(script))
     assert env["GLOO_SOCKET_IFNAME"] == "flag0" and env["NCCL_SOCKET_IFNAME"] == "flag0"
+
+
+def test_explicit_network_interface_beats_the_environment():
+    from hasten.launch.plan import LaunchPlan
+
+    plan = LaunchPlan(target="x.py", num_processes=2, num_machines=2, main_process_ip="10.200.9.1",
+                      network_interface="eth7")
+    env = plan.worker_env({"GLOO_SOCKET_IFNAME": "old0"})
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth7"

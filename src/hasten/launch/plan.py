@@ -129,7 +129,7 @@ class LaunchPlan:
             raise LaunchError("a run on several machines needs --main_process_ip, the address of the machine with rank 0.")
         if self.mpirun and shutil.which("mpirun") is None:
             raise LaunchError("--mpirun needs Open MPI's mpirun on PATH; install it (apt-get install openmpi-bin).")
-        if self.mpirun_hostfile and not os.path.isfile(self.mpirun_hostfile):
+        if self.mpirun and self.mpirun_hostfile and not os.path.isfile(self.mpirun_hostfile):
             raise LaunchError(f"the mpirun hostfile {self.mpirun_hostfile!r} does not exist.")
         if self.gpu_ids != "all" and not all(part.strip().isdigit() for part in self.gpu_ids.split(",")):
             raise LaunchError(f"--gpu_ids {self.gpu_ids!r} must be 'all' or GPU numbers like 0,1.")
@@ -198,9 +198,11 @@ class LaunchPlan:
             interface = interface_for_address(self.master_addr)
         if interface:
             # gloo otherwise advertises whatever the hostname resolves to (often
-            # 127.0.0.1) and the other machines wait for it forever.
-            env.setdefault("GLOO_SOCKET_IFNAME", interface)
-            env.setdefault("NCCL_SOCKET_IFNAME", interface)
+            # 127.0.0.1) and the other machines wait for it forever. An explicit
+            # --network_interface wins over the environment; a detected one does not.
+            assign = env.__setitem__ if self.network_interface else env.setdefault
+            assign("GLOO_SOCKET_IFNAME", interface)
+            assign("NCCL_SOCKET_IFNAME", interface)
         if self.quiet:
             env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         return env

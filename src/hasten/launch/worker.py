@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(f"{stop.code}\n")
             sys.stderr.write(f"[hasten] rank {_rank()} exited with code {code}\n")
             _exit_now(code)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line each, not N tracebacks
+        sys.stderr.write(f"[hasten] rank {_rank()} interrupted.\n")
+        _exit_now(130)
     except BaseException as error:  # noqa: BLE001 - every failure must be reported with its rank
         _record_failure(error)
         _exit_now(1)
