@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from .plan import LaunchPlan
@@ -42,8 +44,10 @@ def _run_torchrun(plan: LaunchPlan) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     if plan.quiet:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # torchrun keeps per-run error files in a directory it never removes; give it one we do.
+    log_dir = tempfile.mkdtemp(prefix="hasten-launch-")
     try:
-        run(parse_args(plan.torchrun_argv()))
+        run(parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()]))
     except ChildFailedError as failed:
         _, failure = root_cause(failed.failures)
         sys.stderr.write(failure_summary(failed.failures, plan.num_processes) + "\n")
@@ -52,6 +56,8 @@ def _run_torchrun(plan: LaunchPlan) -> int:
     except SignalException as stopped:
         sys.stderr.write(f"hasten launch: stopped by {signal.Signals(stopped.sigval).name}; all processes were ended.\n")
         return 128 + int(stopped.sigval)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
     return 0
 
 
@@ -143,7 +149,10 @@ def failure_summary(failures: dict[int, Any], world_size: int) -> str:
     if message and not message.startswith(("To enable traceback", "Signal ")):
         reason = f"failed with {message.splitlines()[0]} (traceback above)"
     others = [r for r in failures if r != rank]
-    stopped = [r for r in others if getattr(failures[r], "exitcode", 0) == -signal.SIGTERM]
+    from .worker import is_peer_lost
+
+    stopped = [r for r in others
+               if getattr(failures[r], "exitcode", 0) == -signal.SIGTERM or is_peer_lost(_message(failures[r]))]
     tail = ""
     if len(stopped) == len(others) and others:
         tail = "; the other ranks were stopped"

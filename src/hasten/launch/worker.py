@@ -18,7 +18,7 @@ import sys
 import traceback
 from types import TracebackType
 
-__all__ = ["main", "run_target"]
+__all__ = ["main", "run_target", "record_failure", "exit_now", "leave_process_group", "die_with_launcher", "is_peer_lost"]
 
 _HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
@@ -67,7 +67,7 @@ def _rank() -> str:
         return os.environ.get("RANK", "?")
 
 
-def _record_failure(error: BaseException) -> None:
+def record_failure(error: BaseException) -> None:
     error.__traceback__ = _user_traceback(error.__traceback__)
     if is_peer_lost(str(error)):
         # Keep the terminal on the root cause: one line for the collateral failure.
@@ -84,7 +84,7 @@ def _record_failure(error: BaseException) -> None:
         handler.record_exception(error)
 
 
-def _leave_process_group(success: bool) -> None:
+def leave_process_group(success: bool) -> None:
     if "torch.distributed" not in sys.modules:
         return  # the script never touched torch.distributed
     from hasten.state import shutdown_process_group
@@ -92,7 +92,7 @@ def _leave_process_group(success: bool) -> None:
     shutdown_process_group(success=success)
 
 
-def _exit_now(code: int) -> None:
+def exit_now(code: int) -> None:
     # After a failure, skip interpreter teardown: gloo may abort in it and
     # turn a clean "exit 1" into a confusing SIGABRT.
     sys.stdout.flush()
@@ -100,7 +100,7 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _die_with_launcher() -> None:
+def die_with_launcher() -> None:
     """Ask Linux to SIGTERM this rank when its launcher dies, even by SIGKILL.
 
     torchrun starts each rank in a session of its own, so killing the
@@ -121,12 +121,12 @@ def _die_with_launcher() -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the launcher died before prctl took effect
-        _exit_now(1)
+        exit_now(1)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _die_with_launcher()
+    die_with_launcher()
     module = bool(argv) and argv[0] == "--module"
     if module:
         argv = argv[1:]
@@ -142,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(stop.code, int):
                 sys.stderr.write(f"{stop.code}\n")
             sys.stderr.write(f"[hasten] rank {_rank()} exited with code {code}\n")
-            _exit_now(code)
+            exit_now(code)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line each, not N tracebacks
         sys.stderr.write(f"[hasten] rank {_rank()} interrupted.\n")
-        _exit_now(130)
+        exit_now(130)
     except BaseException as error:  # noqa: BLE001 - every failure must be reported with its rank
-        _record_failure(error)
-        _exit_now(1)
-    _leave_process_group(success=True)
+        record_failure(error)
+        exit_now(1)
+    leave_process_group(success=True)
     return 0
 
 

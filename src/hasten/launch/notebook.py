@@ -1,0 +1,552 @@
+"""Starting a training function on several processes from a notebook or a Python session.
+
+`notebook_launcher(function, args, num_processes=N)` runs ``function(*args)``
+in N processes of this machine, each with the variables torchrun would set
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) and hasten's launch spec,
+so an `Accelerator()` created inside the function is distributed.
+`debug_launcher` does the same on CPUs only, to debug a distributed loop
+on a laptop.
+
+How it works: torch's elastic agent (`torch.distributed.launcher.api.
+elastic_launch`) runs in this process and forks the workers. Fork (not
+spawn) is what lets a function defined in a notebook cell run in the
+workers: spawned children re-import everything by name, and a cell's
+functions have no importable name. Forking is only safe while this process
+has not initialised CUDA, hence the refusal when it has.
+
+Failures: each worker reports its exception in torchelastic's error file
+(and prints it with its rank); when the run fails, every error file of the
+run is read and the root cause is chosen the same way `hasten launch` does
+(`hasten.launch.run.root_cause`: "connection closed by peer" errors of the
+healthy ranks and the ranks the agent stopped rank last). The caller gets a
+`WorkerFailedError` naming that rank, with the worker's exception type,
+message and traceback text. No worker outlives the call: the agent stops
+the others after a failure (SIGTERM, then SIGKILL), and every worker asks
+Linux to end it if this process dies. A worker killed by a signal (out of
+memory) leaves no error file; the message then says so, and may only name
+the rank that lost contact with it.
+
+Fork hygiene, in each worker: the signal handlers the agent installed here
+are reset (SIGTERM/SIGINT end a worker at once); torch's thread count is set
+from OMP_NUM_THREADS (cores // processes unless set), which a forked
+process would otherwise ignore; and the objects inherited from this process
+are frozen out of garbage collection (`gc.freeze`), because finalizing this
+process's garbage there (e.g. an old TCPStore, whose destructor joins a
+thread the worker does not have) crashes the worker. Afterwards this
+process's environment variables, signal handlers and log levels are as
+before the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import glob
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from ..launch_spec import LaunchSpec
+from .plan import LaunchError, available_cpus, find_free_port, port_in_use
+
+__all__ = ["notebook_launcher", "debug_launcher", "WorkerFailedError"]
+
+_THIS_FILE = os.path.abspath(__file__)
+# The agent's own log lines (per-failure tracebacks, "closing process ...")
+# would bury the one exception the caller gets.
+_QUIET_LOGGERS = {
+    "torch.distributed.elastic": logging.ERROR,
+    "torch.distributed.elastic.multiprocessing.api": logging.CRITICAL,
+    "torch.distributed.elastic.multiprocessing.errors": logging.CRITICAL,
+    "torch.distributed.elastic.agent.server.api": logging.CRITICAL,
+    "torch.distributed.elastic.agent.server.local_elastic_agent": logging.CRITICAL,
+    "torch.distributed.launcher.api": logging.CRITICAL,
+    "torch.multiprocessing.spawn": logging.ERROR,
+}
+_AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+class WorkerFailedError(RuntimeError):
+    """A launched process raised: the root cause, with its rank and the worker's traceback.
+
+    Attributes:
+        rank: global rank of the process that failed first (not counting
+            the ones that only lost a peer or were stopped).
+        error: the worker's exception as ``"Type: message"`` (empty if it
+            was killed by a signal and could not report).
+        worker_traceback: the worker's traceback text (may be empty).
+    """
+
+    def __init__(self, message: str, rank: int, error: str = "", worker_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.error = error
+        self.worker_traceback = worker_traceback
+
+
+# -- public API -------------------------------------------------------------------------------
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: Sequence[Any] = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str | int = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    log_line_prefix_template: str | None = None,
+) -> None:
+    """Run ``function(*args)`` on `num_processes` processes of this machine, from a notebook or a script.
+
+    Each process gets the variables torchrun would set (RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and
+    hasten's launch spec, so create the `Accelerator` *inside* `function`;
+    it then joins the process group of the run. Workers are forked, so
+    `function` may be defined in a notebook cell. Do not use CUDA in this
+    process before calling (forked workers could not use it).
+
+    Args:
+        function: the training function; it runs once in every process.
+        args: positional arguments for `function` (inherited by fork, so
+            anything works, even unpicklable objects).
+        num_processes: processes on this machine. None: one per GPU when
+            there are several, else 1. With one process, `function` runs
+            right here, in this process, and its exceptions are the usual ones.
+        mixed_precision: "no", "fp16" or "bf16", for the Accelerators created
+            inside `function` (an explicit ``Accelerator(mixed_precision=...)`` wins).
+        use_port: port of the rendezvous on `master_addr` (must be free on
+            node 0 with the static rendezvous).
+        master_addr: address of node 0.
+        node_rank, num_nodes: this machine's rank and the number of machines,
+            for a run across machines (each runs `num_processes` processes).
+        max_restarts: times the whole group is restarted after a failure.
+        monitor_interval: seconds between the agent's checks of the workers.
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: torchelastic
+            rendezvous settings ("static" needs none of them).
+        log_line_prefix_template: e.g. ``"[${rank}]: "`` to prefix each
+            worker's output lines (torchelastic's template).
+
+    Returns:
+        None, like the peer library's launcher: the workers' return values
+        are dropped. Have rank 0 write what you need to a file (or print it).
+
+    Raises:
+        WorkerFailedError: a worker raised; the message names the rank that
+            failed first and includes its exception and traceback.
+        LaunchError: the launch cannot work (bad numbers, busy port, CUDA
+            already initialised here, a process group already exists here).
+
+    Example:
+        >>> def train(out_dir):
+        ...     from hasten import Accelerator
+        ...     accelerator = Accelerator(cpu=True)
+        ...     accelerator.print(f"{accelerator.num_processes} processes")
+        >>> notebook_launcher(train, ("/tmp/run",), num_processes=2, use_port=29555)  # doctest: +SKIP
+        2 processes
+    """
+    if num_processes is None:
+        num_processes = _default_num_processes()
+    _check_counts(num_processes, num_nodes, node_rank)
+    spec = _spec(mixed_precision, cpu=False)
+    if num_processes == 1 and num_nodes == 1 and max_restarts == 0:
+        _run_here(function, args, spec)
+        return None
+    _refuse_unsafe_fork()
+    port = _port(use_port)
+    rdzv_conf = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        rdzv_conf.setdefault("rank", node_rank)
+        if node_rank == 0 and not rdzv_endpoint and port_in_use(port, master_addr):
+            raise LaunchError(
+                f"port {port} on {master_addr} is already in use (another run or notebook launch?); "
+                "pass another use_port."
+            )
+    _launch(
+        function,
+        args,
+        spec,
+        nproc_per_node=num_processes,
+        num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}",
+        rdzv_conf=rdzv_conf,
+        rdzv_id=rdzv_id,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template,
+    )
+    return None
+
+
+def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (), num_processes: int = 2) -> None:
+    """Run ``function(*args)`` on `num_processes` CPU processes, to debug distributed code without GPUs.
+
+    Like `notebook_launcher` but every process computes on the CPU (gloo)
+    and the rendezvous uses a free port on 127.0.0.1, so several debug runs
+    never collide. Errors reach the caller the same way: a
+    `WorkerFailedError` naming the failing rank, with its traceback.
+
+    Returns:
+        None (the workers' return values are dropped).
+
+    Example:
+        >>> def check():
+        ...     import torch
+        ...     from hasten import Accelerator
+        ...     accelerator = Accelerator()
+        ...     total = accelerator.reduce(torch.ones(1), reduction="sum")
+        ...     assert total.item() == accelerator.num_processes
+        >>> debug_launcher(check, num_processes=2)  # doctest: +SKIP
+    """
+    _check_counts(num_processes, 1, 0)
+    spec = _spec("no", cpu=True)
+    if num_processes == 1:
+        _run_here(function, args, spec)
+        return None
+    _launch(
+        function,
+        args,
+        spec,
+        nproc_per_node=num_processes,
+        num_nodes=1,
+        rdzv_backend="static",
+        rdzv_endpoint=f"127.0.0.1:{find_free_port()}",
+        rdzv_conf={"rank": 0},
+        rdzv_id="none",
+        max_restarts=0,
+        monitor_interval=0.1,
+        log_line_prefix_template=None,
+    )
+    return None
+
+
+# -- checks -------------------------------------------------------------------------------------
+def _default_num_processes() -> int:
+    """One process per GPU when there are several (counted without initialising CUDA), else 1."""
+    from .gpus import gpu_compute_capabilities
+
+    return max(1, len(gpu_compute_capabilities()))
+
+
+def _check_counts(num_processes: Any, num_nodes: Any, node_rank: Any) -> None:
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise LaunchError(f"num_processes must be a whole number of at least 1, got {num_processes!r}.")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise LaunchError(f"num_nodes must be a whole number of at least 1, got {num_nodes!r}.")
+    if not isinstance(node_rank, int) or not 0 <= node_rank < num_nodes:
+        raise LaunchError(f"node_rank must be between 0 and num_nodes - 1 = {num_nodes - 1}, got {node_rank!r}.")
+
+
+def _spec(mixed_precision: str, cpu: bool) -> LaunchSpec:
+    try:
+        return LaunchSpec(mixed_precision=mixed_precision, cpu=cpu)
+    except ValueError as error:
+        raise LaunchError(str(error)) from None
+
+
+def _port(use_port: str | int) -> int:
+    try:
+        port = int(use_port)
+    except (TypeError, ValueError):
+        port = -1
+    if not 0 < port < 65536:
+        raise LaunchError(f"use_port must be a port number between 1 and 65535, got {use_port!r}.")
+    return port
+
+
+def _refuse_unsafe_fork() -> None:
+    """Refuse states of this process that forked workers cannot inherit."""
+    if "torch" not in sys.modules:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_initialized():
+        raise LaunchError(
+            "CUDA was already initialised in this process, so forked workers cannot use it; restart the "
+            "kernel and create the Accelerator (and anything touching CUDA) only inside the launched function."
+        )
+    if dist.is_available() and dist.is_initialized():
+        raise LaunchError(
+            "this process already belongs to a process group, which forked workers cannot share; restart "
+            "the kernel and create the Accelerator only inside the launched function."
+        )
+
+
+# -- running ------------------------------------------------------------------------------------
+def _run_here(function: Callable[..., Any], args: Sequence[Any], spec: LaunchSpec) -> None:
+    """One process: run the function in this one, with the launch spec in the environment.
+
+    Only the spec's variable is put back afterwards; whatever else the
+    function sets in os.environ stays, as it would without a launcher.
+    """
+    (name, value), = spec.to_env().items()
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        function(*args)
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def _launch(
+    function: Callable[..., Any],
+    args: Sequence[Any],
+    spec: LaunchSpec,
+    *,
+    nproc_per_node: int,
+    num_nodes: int,
+    rdzv_backend: str,
+    rdzv_endpoint: str,
+    rdzv_conf: dict[str, Any],
+    rdzv_id: str,
+    max_restarts: int,
+    monitor_interval: float,
+    log_line_prefix_template: str | None,
+) -> None:
+    """Start the workers through torch's elastic agent, wait, and raise the root cause of a failure."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    env = {
+        **spec.to_env(),
+        # torch.cuda.is_available() via NVML: asking the driver would initialise CUDA here.
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+    }
+    if "OMP_NUM_THREADS" not in os.environ:
+        # cores / local processes: more threads than cores makes every rank slower
+        env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // nproc_per_node))
+    with contextlib.ExitStack() as stack:
+        log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="hasten_notebook_"))
+        stack.enter_context(_patched_environ(env))
+        stack.enter_context(_restored_signal_handlers())
+        stack.enter_context(_quiet_agent_logs())
+        config = LaunchConfig(
+            min_nodes=num_nodes,
+            max_nodes=num_nodes,
+            nproc_per_node=nproc_per_node,
+            run_id=rdzv_id,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_backend=rdzv_backend,
+            rdzv_configs=rdzv_conf,
+            max_restarts=max_restarts,
+            monitor_interval=monitor_interval,
+            start_method=_start_method(),
+            log_line_prefix_template=log_line_prefix_template,
+            logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        )
+        # The exception for the caller is raised after the `except` blocks, so that it does not
+        # keep torch's (through __context__ and its traceback): that one holds the agent's
+        # TCPStore, whose destructor joins a server thread; a later forked worker that
+        # garbage-collected it would crash (SIGSEGV) joining a thread it does not have.
+        error: BaseException | None = None
+        try:
+            elastic_launch(config, _run_rank)(function, tuple(args))
+        except ChildFailedError as failed:
+            world_size = nproc_per_node * num_nodes
+            first_rank = next((r - f.local_rank for r, f in failed.failures.items()), 0)
+            error = _worker_failed(failed.failures, world_size, log_dir, first_rank)
+        except SignalException as stopped:
+            if stopped.sigval != signal.SIGINT:
+                raise
+            error = KeyboardInterrupt("interrupted; all launched processes were ended.")
+    if error is not None:
+        raise error
+
+
+def _start_method() -> str:
+    """Fork where the platform has it (functions from notebook cells cannot be pickled by name)."""
+    import multiprocessing
+
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _run_rank(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """What each worker runs: the function, then a clean exit from the process group.
+
+    On failure the rank prints its traceback, writes torchelastic's error
+    file and exits 1 at once (gloo may abort in interpreter teardown).
+    """
+    from .worker import die_with_launcher, exit_now, leave_process_group, record_failure
+
+    # Everything inherited from the launching process belongs to it: never collect it here.
+    # Its garbage may hold objects whose finalizers touch the parent's threads (a torch
+    # TCPStore joins its server thread), which a forked worker does not have: SIGSEGV.
+    gc.freeze()
+    _reset_inherited_signals()
+    die_with_launcher()
+    _apply_thread_count()
+    try:
+        function(*args)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if code != 0:
+            stop.__traceback__ = _without_own_frames(stop.__traceback__)
+            record_failure(stop)
+            exit_now(code)
+    except BaseException as error:  # noqa: BLE001 - every failure must reach the caller with its rank
+        # Called inside this except block: torchelastic's error file takes the traceback of the
+        # exception being handled, whose first frames (this function's) are dropped here.
+        error.__traceback__ = _without_own_frames(error.__traceback__)
+        record_failure(error)
+        exit_now(1)
+    leave_process_group(success=True)
+    return None  # the agent pickles the return value; None always pickles
+
+
+def _without_own_frames(tb: Any) -> Any:
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == _THIS_FILE:
+        tb = tb.tb_next
+    return tb
+
+
+def _reset_inherited_signals() -> None:
+    """Undo the agent's handlers a forked worker inherited: its signals must end a worker, not raise in it.
+
+    The agent stops workers with SIGTERM, or with the signal it got itself
+    (SIGINT when the kernel is interrupted); either ends the worker at once,
+    without a misleading "rank R failed with KeyboardInterrupt" report.
+    """
+    for name in _AGENT_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def _apply_thread_count() -> None:
+    """A forked worker inherits torch's thread pool size; OMP_NUM_THREADS alone would not change it."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        import torch
+
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_threads(int(threads))
+
+
+# -- failures ------------------------------------------------------------------------------------
+def _worker_failed(failures: Mapping[int, Any], world_size: int, log_dir: str, first_rank: int) -> WorkerFailedError:
+    """The exception for the caller: the root cause among every error file of the failed attempt."""
+    from .run import root_cause
+    from .worker import is_peer_lost
+
+    rank, failure = root_cause(_all_failures(failures, log_dir, first_rank))
+    error, stack = _error_and_traceback(failure)
+    if error and is_peer_lost(error):
+        # Every report is collateral: the culprit left no error file (killed by a signal, os._exit, ...).
+        what = (
+            "lost contact with another process of the run, which ended without a Python exception "
+            f"(killed by a signal, out of memory?): {error.splitlines()[0]}"
+        )
+    elif error:
+        what = f"failed with {error}"
+    else:
+        exitcode = getattr(failure, "exitcode", 1)
+        what = f"was killed by {_signal_name(-exitcode)}" if exitcode < 0 else f"exited with code {exitcode}"
+    message = f"rank {rank} of {world_size} {what}"
+    if stack:
+        message += f"\n\nTraceback of rank {rank}:\n{stack.rstrip()}"
+    return WorkerFailedError(message, rank=rank, error=error, worker_traceback=stack)
+
+
+def _all_failures(failures: Mapping[int, Any], log_dir: str, first_rank: int) -> dict[int, Any]:
+    """Every failed worker of the last attempt: the agent reports only the first one it saw die.
+
+    The others are read from their error files (``<log_dir>/<run>/attempt_K/<local rank>/error.json``);
+    `first_rank` is the global rank of this machine's local rank 0.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    found: dict[int, Any] = dict(failures)
+    attempts = glob.glob(os.path.join(log_dir, "*", "attempt_*"))
+    if not attempts:
+        return found
+    last = max(attempts, key=lambda path: int(path.rsplit("_", 1)[-1]) if path.rsplit("_", 1)[-1].isdigit() else -1)
+    for path in glob.glob(os.path.join(last, "*", "error.json")):
+        local_rank = os.path.basename(os.path.dirname(path))
+        if local_rank.isdigit() and first_rank + int(local_rank) not in found:
+            found[first_rank + int(local_rank)] = ProcessFailure(
+                local_rank=int(local_rank), pid=-1, exitcode=1, error_file=path
+            )
+    return found
+
+
+def _error_and_traceback(failure: Any) -> tuple[str, str]:
+    """("Type: message", traceback text) from a torchelastic error file's data ("" when absent)."""
+    data = getattr(failure, "error_file_data", None) or {}
+    message = data.get("message", "") if isinstance(data, dict) else ""
+    if isinstance(message, dict):
+        extra = message.get("extraInfo", {}) or {}
+        return str(message.get("message", "")), str(extra.get("py_callstack", ""))
+    if message == "<NONE>":  # torchelastic's placeholder when the worker left no error file
+        return "", ""
+    return str(message or ""), ""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# -- small context managers ----------------------------------------------------------------------
+@contextlib.contextmanager
+def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set variables for the duration of the launch; afterwards the environment is exactly as before.
+
+    The elastic agent also writes to os.environ (TORCHELASTIC_*); those go too.
+    """
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _restored_signal_handlers() -> Iterator[None]:
+    """The agent installs SIGTERM/SIGINT/... handlers and leaves them; put the caller's back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {}
+    for name in _AGENT_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            saved[sig] = signal.getsignal(sig)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _quiet_agent_logs() -> Iterator[None]:
+    saved = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
+    for name, level in _QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
