@@ -139,6 +139,11 @@ class PartialState:
                 f"the process group already uses backend {self.backend!r} but {backend!r} was asked for; "
                 "create every Accelerator/PartialState of a process with the same backend and cpu setting."
             )
+        elif self.device.type == "cpu" and self.backend == "nccl":
+            raise RuntimeError(
+                "the process group uses nccl, which cannot exchange CPU tensors, but this Accelerator computes on "
+                "the CPU; drop cpu=True or create the process group with backend='gloo'."
+            )
         elif self.device.type == "cuda" and self.backend == "gloo" and not self.cpu:
             raise RuntimeError(
                 "the process group uses gloo but this process computes on CUDA; "
