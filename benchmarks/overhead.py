@@ -152,7 +152,6 @@ def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, ste
 
 
 def compare_parameters(kind: str, accumulation: int) -> float:
-    import torch
     import torch.distributed as dist
 
     steps = 48

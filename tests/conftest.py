@@ -47,6 +47,14 @@ def run_with_timeout(command: list[str], timeout: float, env: dict[str, str] | N
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def launch_ranks(script: str | Path, out: Path, num_processes: int = 2) -> dict[int, dict]:
+    """Launch a script that writes `rank{N}.json` into `out`; return the results, checking every rank wrote one."""
+    launch(script, str(out), num_processes=num_processes)
+    results = results_by_rank(out)
+    assert sorted(results) == list(range(num_processes)), f"ranks that reported: {sorted(results)}"
+    return results
+
+
 def results_by_rank(directory: Path) -> dict[int, dict]:
     """Read the `rank{N}.json` files a test script wrote into `directory`."""
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(directory.glob("rank*.json"))}

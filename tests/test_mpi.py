@@ -20,21 +20,13 @@ import pytest
 
 from conftest import launch, results_by_rank, run_with_timeout
 from hasten.launch.plan import LaunchError, LaunchPlan, available_cpus, find_free_port
-from test_multinode import CONFIGS, EQUIVALENCE, PROBE, TIMEOUT, assert_matches_single_process, clean_env
+from test_multinode import (  # noqa: F401 - single_process is a shared fixture
+    CONFIGS, EQUIVALENCE, PROBE, TIMEOUT, assert_matches_single_process, clean_env, single_process,
+)
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
                                   reason="Open MPI's mpirun is not installed (scripts/setup.sh installs openmpi-bin)")
 MPI = ("--multi_cpu", "--mpirun")
-
-
-@pytest.fixture(scope="module")
-def single_process(tmp_path_factory) -> Path:
-    """The reference: plain `python mp_train_equivalence.py` with the global batch."""
-    out = tmp_path_factory.mktemp("single") / "one"
-    command = [sys.executable, str(EQUIVALENCE), str(out), *(c[0] for c in CONFIGS.values())]
-    result = run_with_timeout(command, TIMEOUT, clean_env())
-    assert result.returncode == 0, f"{shlex.join(command)}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    return out
 
 
 # ---------------------------------------------------------------------------- real mpirun runs

@@ -374,10 +374,10 @@ def test_the_tattletale_runs_when_the_launch_is_valid(tattletale):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"num_machines": 2, "machine_rank": 2}, "--machine_rank 2 must be below --num_machines 2"),
-    ({"num_machines": 2, "machine_rank": -1}, "must be below"),
-    ({"num_machines": 2, "num_processes": 3}, "must be divisible by --num_machines 2"),
-    ({"num_machines": 2, "main_process_ip": None}, "needs --main_process_ip"),
+    ({"num_machines": 2, "machine_rank": 2}, "machine_rank 2 is not below num_machines 2"),
+    ({"num_machines": 2, "machine_rank": -1}, "is not below"),
+    ({"num_machines": 2, "num_processes": 3}, "is not divisible by num_machines 2"),
+    ({"num_machines": 2, "main_process_ip": None}, "needs main_process_ip"),
     ({"main_process_port": 70000}, "between 1 and 65535"),
 ])
 def test_launch_plan_validate_refuses(tattletale, kwargs, message):

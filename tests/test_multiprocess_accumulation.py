@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch, results_by_rank
+from conftest import launch_ranks
 
 SCRIPT = "mp_accumulation_hooks.py"
 # gradient_accumulation_steps=4: loader "a" has 8 batches per rank, loader "b" 6 (its last sync is the loader's end)
@@ -16,11 +16,7 @@ EXPECTED_SYNC = {
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("accumulation")
-    launch(SCRIPT, str(out), num_processes=2)
-    results = results_by_rank(out)
-    assert sorted(results) == [0, 1]
-    return results
+    return launch_ranks(SCRIPT, tmp_path_factory.mktemp("accumulation"))
 
 
 @pytest.mark.multiprocess

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch, results_by_rank
+from conftest import launch_ranks
 
 SCRIPT = "mp_collectives.py"
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("collectives")
-    launch(SCRIPT, str(out), num_processes=2)
-    results = results_by_rank(out)
-    assert sorted(results) == [0, 1]
-    return results
+    return launch_ranks(SCRIPT, tmp_path_factory.mktemp("collectives"))
 
 
 def t(dtype, shape, values):

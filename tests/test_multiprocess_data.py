@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch, results_by_rank
+from conftest import launch_ranks
 
 SCRIPT = "mp_sharding.py"
 N_MAP = 33  # batch 4 per rank -> 9 inner batches, the last with 1 sample
@@ -12,11 +12,7 @@ N_MAP = 33  # batch 4 per rank -> 9 inner batches, the last with 1 sample
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sharding")
-    launch(SCRIPT, str(out), num_processes=2)
-    results = results_by_rank(out)
-    assert sorted(results) == [0, 1]
-    return results
+    return launch_ranks(SCRIPT, tmp_path_factory.mktemp("sharding"))
 
 
 def global_order(batches0, batches1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch, results_by_rank
+from conftest import launch_ranks
 
 SCRIPT = "mp_precision.py"
 SKIPPED_STEPS = {2, 4}  # the script's SKIP_LOSS (inf loss on rank 1 only) and SKIP_GRAD (inf gradient on all ranks)
@@ -12,11 +12,7 @@ SKIPPED_STEPS = {2, 4}  # the script's SKIP_LOSS (inf loss on rank 1 only) and S
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("precision")
-    launch(SCRIPT, str(out), num_processes=2)
-    results = results_by_rank(out)
-    assert sorted(results) == [0, 1]
-    return results
+    return launch_ranks(SCRIPT, tmp_path_factory.mktemp("precision"))
 
 
 @pytest.mark.multiprocess

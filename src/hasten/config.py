@@ -190,32 +190,46 @@ class LaunchConfig:
         """Refuse impossible combinations with one sentence each; returns self."""
         for f in fields(self):
             _check_value(f, getattr(self, f.name), f.name)
-        if self.num_machines < 1:
-            raise ConfigError(f"num_machines must be at least 1, got {self.num_machines}.")
-        if self.num_processes < 1:
-            raise ConfigError(f"num_processes must be at least 1, got {self.num_processes}.")
-        if not 0 <= self.machine_rank < self.num_machines:
-            raise ConfigError(
-                f"machine_rank {self.machine_rank} is not below num_machines {self.num_machines}; "
-                f"use a rank from 0 to {self.num_machines - 1}."
-            )
-        if self.num_processes % self.num_machines:
-            raise ConfigError(
-                f"num_processes {self.num_processes} (the total across machines) is not divisible by "
-                f"num_machines {self.num_machines}; give every machine the same number of processes."
-            )
-        if self.main_process_port is not None and not 0 < self.main_process_port < 65536:
-            raise ConfigError(f"main_process_port must be between 1 and 65535, got {self.main_process_port}.")
+        check_layout(self.num_processes, self.num_machines, self.machine_rank, self.main_process_ip,
+                     self.main_process_port)
         if self.use_deepspeed and self.use_fsdp:
             raise ConfigError("DeepSpeed and FSDP cannot be used together; choose one of use_deepspeed or use_fsdp.")
-        if self.num_machines > 1 and not self.main_process_ip:
-            raise ConfigError("a run on several machines needs main_process_ip (the address of the machine with rank 0).")
         if self.mpirun and (self.use_deepspeed or self.use_fsdp):
             raise ConfigError("mpirun starts plain multi-CPU runs only; drop mpirun or DeepSpeed/FSDP.")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be 0 or more, got {self.max_restarts}.")
         self.deepspeed, self.fsdp  # noqa: B018 - validates the nested sections
         return self
+
+
+def check_layout(num_processes: int, num_machines: int, machine_rank: int, main_process_ip: str | None,
+                 main_process_port: int | None) -> None:
+    """Refuse an impossible process layout in one sentence (shared by configs and launch plans).
+
+    Example:
+        >>> check_layout(3, 2, 0, "10.0.0.1", None)
+        Traceback (most recent call last):
+        ...
+        hasten.config.ConfigError: num_processes 3 (the total across machines) is not divisible by num_machines 2; give every machine the same number of processes.
+    """
+    if num_machines < 1:
+        raise ConfigError(f"num_machines must be at least 1, got {num_machines}.")
+    if num_processes < 1:
+        raise ConfigError(f"num_processes must be at least 1, got {num_processes}.")
+    if not 0 <= machine_rank < num_machines:
+        raise ConfigError(
+            f"machine_rank {machine_rank} is not below num_machines {num_machines}; "
+            f"use a rank from 0 to {num_machines - 1}."
+        )
+    if num_processes % num_machines:
+        raise ConfigError(
+            f"num_processes {num_processes} (the total across machines) is not divisible by "
+            f"num_machines {num_machines}; give every machine the same number of processes."
+        )
+    if main_process_port is not None and not 0 < main_process_port < 65536:
+        raise ConfigError(f"main_process_port must be between 1 and 65535, got {main_process_port}.")
+    if num_machines > 1 and not main_process_ip:
+        raise ConfigError("a run on several machines needs main_process_ip (the address of the machine with rank 0).")
 
 
 # ---------------------------------------------------------------------------- field helpers

@@ -15,7 +15,7 @@ import functools
 import os
 import sys
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist

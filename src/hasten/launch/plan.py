@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from ..config import ConfigError, check_layout
 from ..launch_spec import LaunchSpec
 from .network import interface_for_address, is_loopback
 
@@ -109,24 +110,13 @@ class LaunchPlan:
     # -- validation -------------------------------------------------------------------
     def validate(self, check_port: bool = True) -> "LaunchPlan":
         """Refuse a plan that cannot work, before anything starts; returns the plan with a port chosen."""
-        if self.num_processes < 1:
-            raise LaunchError(f"--num_processes must be at least 1, got {self.num_processes}.")
-        if self.num_machines < 1:
-            raise LaunchError(f"--num_machines must be at least 1, got {self.num_machines}.")
-        if not 0 <= self.machine_rank < self.num_machines:
-            raise LaunchError(
-                f"--machine_rank {self.machine_rank} must be below --num_machines {self.num_machines} "
-                f"(ranks are 0 to {self.num_machines - 1})."
-            )
-        if self.num_processes % self.num_machines:
-            raise LaunchError(
-                f"--num_processes {self.num_processes} is the total across machines and must be divisible by "
-                f"--num_machines {self.num_machines}; or give --num_processes_per_machine instead."
-            )
+        try:
+            check_layout(self.num_processes, self.num_machines, self.machine_rank, self.main_process_ip,
+                         self.main_process_port)
+        except ConfigError as error:
+            raise LaunchError(str(error)) from None
         if not self.module and not os.path.isfile(self.target):
             raise LaunchError(f"the script {self.target!r} does not exist; check the path (or use -m for a module).")
-        if self.num_machines > 1 and not self.main_process_ip:
-            raise LaunchError("a run on several machines needs --main_process_ip, the address of the machine with rank 0.")
         if self.mpirun and shutil.which("mpirun") is None:
             raise LaunchError("--mpirun needs Open MPI's mpirun on PATH; install it (apt-get install openmpi-bin).")
         if self.mpirun and self.mpirun_hostfile and not os.path.isfile(self.mpirun_hostfile):
@@ -134,8 +124,6 @@ class LaunchPlan:
         if self.gpu_ids != "all" and not all(part.strip().isdigit() for part in self.gpu_ids.split(",")):
             raise LaunchError(f"--gpu_ids {self.gpu_ids!r} must be 'all' or GPU numbers like 0,1.")
         port = self.main_process_port
-        if port is not None and not 0 < port < 65536:
-            raise LaunchError(f"--main_process_port must be between 1 and 65535, got {port}.")
         if not self.multi_process:
             return self
         if port is None:
