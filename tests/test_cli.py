@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hasten.launch.plan import LaunchError, LaunchPlan, find_free_port
-from hasten.launch.run import root_cause
+from hasten.launch.failures import root_cause
 from hasten.launch_spec import SPEC_ENV_VAR, LaunchSpec
 
 
@@ -145,7 +145,7 @@ def test_root_cause_skips_ranks_stopped_by_the_launcher():
 def test_failure_summary_wording():
     import signal
 
-    from hasten.launch.run import failure_summary
+    from hasten.launch.failures import failure_summary
 
     raised = {0: _Failure("Signal 15", 5, exitcode=-signal.SIGTERM), 1: _Failure({"message": "ValueError: boom"}, 5)}
     assert failure_summary(raised, 2) == ("hasten launch: rank 1 of 2 failed with ValueError: boom (traceback above); "

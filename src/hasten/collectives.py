@@ -227,7 +227,8 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     return recursively_apply(pad_one, data)
 
 
-def _share_bounds(length: int, index: int, count: int) -> tuple[int, int]:
+def share_bounds(length: int, index: int, count: int) -> tuple[int, int]:
+    """[start, end) of part `index` of `count` near-equal contiguous parts of `length` items."""
     base, extra = divmod(length, count)
     start = index * base + min(index, extra)
     return start, start + base + (1 if index < extra else 0)
@@ -250,7 +251,7 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
             raise ValueError("split_between_processes needs every value of the dict to have the same length.")
         return type(inputs)({k: split_for_process(v, index, count, apply_padding) for k, v in inputs.items()})
     length = len(inputs)
-    start, end = _share_bounds(length, index, count)
+    start, end = share_bounds(length, index, count)
     share = inputs[start:end]
     if apply_padding:
         target = -(-length // count)

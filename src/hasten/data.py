@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-from .collectives import send_to_device
+from .collectives import send_to_device, share_bounds
 from .gradient_state import GradientState, LoaderPosition
 
 __all__ = [
@@ -88,12 +88,6 @@ def _cycle_fill(indices: list[Any], source: list[Any], count: int) -> list[Any]:
     if count <= 0:
         return indices
     return indices + list(itertools.islice(itertools.cycle(source), count))
-
-
-def _share_bounds(length: int, index: int, count: int) -> tuple[int, int]:
-    base, extra = divmod(length, count)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
@@ -167,7 +161,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 return inner
             total = self.total_samples
             last = 0 if total is None else total % self.batch_size
-            start, end = _share_bounds(last, r, n)
+            start, end = share_bounds(last, r, n)
             return inner - 1 if last and start == end else inner
         if self.drop_last:
             return inner // n
@@ -220,7 +214,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 share = len(batch) // n
                 yield batch[r * share : (r + 1) * share]
             else:
-                start, end = _share_bounds(len(batch), r, n)
+                start, end = share_bounds(len(batch), r, n)
                 if end > start:
                     yield batch[start:end]
 

@@ -17,7 +17,7 @@ has not initialised CUDA, hence the refusal when it has.
 Failures: each worker reports its exception in torchelastic's error file
 (and prints it with its rank); when the run fails, every error file of the
 run is read and the root cause is chosen the same way `hasten launch` does
-(`hasten.launch.run.root_cause`: "connection closed by peer" errors of the
+(`hasten.launch.failures.root_cause`: "connection closed by peer" errors of the
 healthy ranks and the ranks the agent stopped rank last). The caller gets a
 `WorkerFailedError` naming that rank, with the worker's exception type,
 message and traceback text. No worker outlives the call: the agent stops
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import glob
 import logging
 import os
 import signal
@@ -441,11 +440,10 @@ def _apply_thread_count() -> None:
 # -- failures ------------------------------------------------------------------------------------
 def _worker_failed(failures: Mapping[int, Any], world_size: int, log_dir: str, first_rank: int) -> WorkerFailedError:
     """The exception for the caller: the root cause among every error file of the failed attempt."""
-    from .run import root_cause
-    from .worker import is_peer_lost
+    from .failures import all_failures, error_and_traceback, is_peer_lost, root_cause, signal_name
 
-    rank, failure = root_cause(_all_failures(failures, log_dir, first_rank))
-    error, stack = _error_and_traceback(failure)
+    rank, failure = root_cause(all_failures(failures, log_dir, first_rank))
+    error, stack = error_and_traceback(failure)
     if error and is_peer_lost(error):
         # Every report is collateral: the culprit left no error file (killed by a signal, os._exit, ...).
         what = (
@@ -456,52 +454,11 @@ def _worker_failed(failures: Mapping[int, Any], world_size: int, log_dir: str, f
         what = f"failed with {error}"
     else:
         exitcode = getattr(failure, "exitcode", 1)
-        what = f"was killed by {_signal_name(-exitcode)}" if exitcode < 0 else f"exited with code {exitcode}"
+        what = f"was killed by {signal_name(-exitcode)}" if exitcode < 0 else f"exited with code {exitcode}"
     message = f"rank {rank} of {world_size} {what}"
     if stack:
         message += f"\n\nTraceback of rank {rank}:\n{stack.rstrip()}"
     return WorkerFailedError(message, rank=rank, error=error, worker_traceback=stack)
-
-
-def _all_failures(failures: Mapping[int, Any], log_dir: str, first_rank: int) -> dict[int, Any]:
-    """Every failed worker of the last attempt: the agent reports only the first one it saw die.
-
-    The others are read from their error files (``<log_dir>/<run>/attempt_K/<local rank>/error.json``);
-    `first_rank` is the global rank of this machine's local rank 0.
-    """
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-    found: dict[int, Any] = dict(failures)
-    attempts = glob.glob(os.path.join(log_dir, "*", "attempt_*"))
-    if not attempts:
-        return found
-    last = max(attempts, key=lambda path: int(path.rsplit("_", 1)[-1]) if path.rsplit("_", 1)[-1].isdigit() else -1)
-    for path in glob.glob(os.path.join(last, "*", "error.json")):
-        local_rank = os.path.basename(os.path.dirname(path))
-        if local_rank.isdigit() and first_rank + int(local_rank) not in found:
-            found[first_rank + int(local_rank)] = ProcessFailure(
-                local_rank=int(local_rank), pid=-1, exitcode=1, error_file=path
-            )
-    return found
-
-
-def _error_and_traceback(failure: Any) -> tuple[str, str]:
-    """("Type: message", traceback text) from a torchelastic error file's data ("" when absent)."""
-    data = getattr(failure, "error_file_data", None) or {}
-    message = data.get("message", "") if isinstance(data, dict) else ""
-    if isinstance(message, dict):
-        extra = message.get("extraInfo", {}) or {}
-        return str(message.get("message", "")), str(extra.get("py_callstack", ""))
-    if message == "<NONE>":  # torchelastic's placeholder when the worker left no error file
-        return "", ""
-    return str(message or ""), ""
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 # -- small context managers ----------------------------------------------------------------------

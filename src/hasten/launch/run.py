@@ -11,6 +11,7 @@ import sys
 import tempfile
 from typing import Any
 
+from .failures import all_failures, failure_summary, root_cause
 from .plan import LaunchPlan
 
 __all__ = ["execute"]
@@ -49,8 +50,10 @@ def _run_torchrun(plan: LaunchPlan) -> int:
     try:
         run(parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()]))
     except ChildFailedError as failed:
-        _, failure = root_cause(failed.failures)
-        sys.stderr.write(failure_summary(failed.failures, plan.num_processes) + "\n")
+        # The agent reports only the failures it saw first; the error files of the attempt hold them all.
+        failures = all_failures(failed.failures, log_dir, first_rank=plan.machine_rank * plan.processes_per_machine)
+        _, failure = root_cause(failures)
+        sys.stderr.write(failure_summary(failures, plan.num_processes) + "\n")
         code = failure.exitcode
         return code if 0 < code < 256 else 1
     except SignalException as stopped:
@@ -90,72 +93,10 @@ def run_forwarding_signals(command: list[str]) -> int:
 
 
 def _terminate_with_parent():
-    """A `preexec_fn` that sets PR_SET_PDEATHSIG=SIGTERM in the child (Linux; None elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
+    """A `preexec_fn` that makes the child (mpirun) get SIGTERM when this launcher dies (Linux; None elsewhere)."""
+    from .lifetime import arm_parent_death_signal, parent_death_signal_available
 
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork: the child only calls it
-    except (OSError, AttributeError):
+    if not parent_death_signal_available():  # also loads libc here, before the fork
         return None
     parent = os.getpid()
-
-    def set_death_signal() -> None:
-        prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return set_death_signal
-
-
-def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:
-    """The failure that caused the others.
-
-    torchrun records the ranks it stopped (SIGTERM, no error file) and the
-    ranks that lost a peer as failures too, often within the same second
-    as the real one; those rank last, then earlier timestamps first.
-    """
-    from .worker import is_peer_lost
-
-    def collateral(item: tuple[int, Any]) -> tuple[bool, bool, float, int]:
-        rank, failure = item
-        stopped = getattr(failure, "exitcode", 1) == -signal.SIGTERM
-        return stopped, is_peer_lost(_message(failure)), getattr(failure, "timestamp", 0), rank
-
-    return min(failures.items(), key=collateral)
-
-
-def _message(failure: Any) -> str:
-    message = getattr(failure, "message", "")
-    if isinstance(message, dict):  # torchelastic's error-file layout
-        message = message.get("message", "")
-    return str(message or "")
-
-
-def failure_summary(failures: dict[int, Any], world_size: int) -> str:
-    """One line for the terminal: which rank failed first and why, and what happened to the others."""
-    rank, failure = root_cause(failures)
-    exitcode = getattr(failure, "exitcode", 1)
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        reason = f"was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
-    else:
-        reason = f"exited with code {exitcode}"
-    message = _message(failure)
-    if message and not message.startswith(("To enable traceback", "Signal ")):
-        reason = f"failed with {message.splitlines()[0]} (traceback above)"
-    others = [r for r in failures if r != rank]
-    from .worker import is_peer_lost
-
-    stopped = [r for r in others
-               if getattr(failures[r], "exitcode", 0) == -signal.SIGTERM or is_peer_lost(_message(failures[r]))]
-    tail = ""
-    if len(stopped) == len(others) and others:
-        tail = "; the other ranks were stopped"
-    elif others:
-        tail = f"; {len(others)} other rank(s) ended too: {', '.join(map(str, sorted(others)))}"
-    return f"hasten launch: rank {rank} of {world_size} {reason}{tail}."
+    return lambda: arm_parent_death_signal(parent)

@@ -18,23 +18,11 @@ import sys
 import traceback
 from types import TracebackType
 
-__all__ = ["main", "run_target", "record_failure", "exit_now", "leave_process_group", "die_with_launcher", "is_peer_lost"]
+from .failures import is_peer_lost
+
+__all__ = ["main", "run_target", "record_failure", "exit_now", "leave_process_group", "die_with_launcher"]
 
 _HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
-
-# Errors a healthy rank gets when a peer died: consequences, not causes.
-PEER_LOST_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-)
-
-
-def is_peer_lost(message: str) -> bool:
-    """True if an error message says a peer process went away (so it is not the root cause)."""
-    return any(marker in message for marker in PEER_LOST_MARKERS)
-
 
 def run_target(target: str, args: list[str], module: bool = False) -> None:
     """Run a script path or module as ``__main__`` with `args` as its sys.argv[1:]."""
@@ -109,19 +97,10 @@ def die_with_launcher() -> None:
     leave it running too.
     """
     launched = ("TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
-    if not sys.platform.startswith("linux") or not any(name in os.environ for name in launched):
-        return
-    import ctypes
-    import signal
+    if any(name in os.environ for name in launched):
+        from .lifetime import arm_parent_death_signal
 
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the launcher died before prctl took effect
-        exit_now(1)
+        arm_parent_death_signal(os.getppid())
 
 
 def main(argv: list[str] | None = None) -> int:

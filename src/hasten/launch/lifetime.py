@@ -1,0 +1,48 @@
+"""Processes die with their launcher: Linux's parent-death signal (PR_SET_PDEATHSIG).
+
+torchrun starts ranks in sessions of their own and mpirun's ranks belong to
+mpirun, so a launcher killed hard (SIGKILL) would otherwise leave them
+running. Used by the per-rank worker, the notebook workers and the mpirun
+child of `hasten launch`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+from typing import Any
+
+__all__ = ["parent_death_signal_available", "arm_parent_death_signal"]
+
+PR_SET_PDEATHSIG = 1
+
+
+@functools.lru_cache(maxsize=1)
+def _prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def parent_death_signal_available() -> bool:
+    """True where the signal can be armed (Linux); also loads libc, so a later call in a fork child is cheap."""
+    return _prctl() is not None
+
+
+def arm_parent_death_signal(expected_parent: int) -> None:
+    """Ask for SIGTERM when the parent dies; exit at once if `expected_parent` is already gone (a race)."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != expected_parent:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
