@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from hasten.data import (
-    EpochSeededRandomSampler,
+    SampleOrder,
     IterableDatasetShard,
     ShardedBatchSampler,
     prepare_data_loader,
@@ -75,7 +75,7 @@ def test_split_batches_needs_divisible_batch():
 
 
 def test_epoch_seeded_sampler_agrees_and_reshuffles():
-    a, b = EpochSeededRandomSampler(range(50), seed=3), EpochSeededRandomSampler(range(50), seed=3)
+    a, b = SampleOrder(50, kind="keyed", seed=3), SampleOrder(50, kind="keyed", seed=3)
     epoch0 = list(a)
     assert epoch0 == list(b) and sorted(epoch0) == list(range(50)) and epoch0 != list(range(50))
     a.set_epoch(1)
@@ -166,7 +166,7 @@ def test_already_prepared_loader_is_refused():
 
 def test_random_sampler_is_replaced_by_agreed_seed():
     loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2, shuffle=True), torch.device("cpu"))
-    assert isinstance(loader.batch_sampler.sampler, EpochSeededRandomSampler)
+    assert isinstance(loader.batch_sampler.sampler, SampleOrder) and loader.batch_sampler.sampler.kind == "keyed"
     assert not isinstance(loader.batch_sampler.sampler, RandomSampler)
 
 

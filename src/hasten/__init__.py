@@ -28,6 +28,7 @@ _EXPORTS = {
     "DistributedDataParallelKwargs": "options",
     "InitProcessGroupKwargs": "options",
     "GradScalerKwargs": "options",
+    "ProjectConfiguration": "checkpointing.project",
     "set_seed": "seeding",
     "skip_first_batches": "data",
     "notebook_launcher": "launch.notebook",
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
         GradScalerKwargs,
         InitProcessGroupKwargs,
     )
+    from .checkpointing.project import ProjectConfiguration
     from .seeding import set_seed
     from .state import PartialState
     from .topology import ProcessTopology

@@ -18,6 +18,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from . import collectives
+from .checkpointing.api import CheckpointingMixin
+from .checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
+from .checkpointing.project import ProjectConfiguration
 from .data import PreparedDataLoader, prepare_data_loader, skip_first_batches
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
@@ -64,7 +67,7 @@ def _is_preparable(obj: Any) -> bool:
     return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
 
 
-class Accelerator:
+class Accelerator(CheckpointingMixin):
     """Run one training loop on 1 or N processes, on CPU or GPUs, in any precision.
 
     Arguments left as None take the value `hasten launch` passed (its launch
@@ -97,6 +100,7 @@ class Accelerator:
         kwargs_handlers: list[Any] | None = None,
         even_batches: bool | None = None,
         project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
         **unsupported: Any,
     ) -> None:
         for name, value in unsupported.items():
@@ -123,7 +127,11 @@ class Accelerator:
         self.split_batches = config.split_batches if split_batches is None else split_batches
         self.even_batches = config.even_batches if even_batches is None else even_batches
         self.device_placement = device_placement
-        self.project_dir = None if project_dir is None else os.fspath(project_dir)
+        self.use_stateful_dataloader = config.use_stateful_dataloader
+        self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.set_directories(project_dir)
+        self._init_checkpointing()
 
         plugin = gradient_accumulation_plugin
         if plugin is not None and gradient_accumulation_steps is not None:
@@ -148,6 +156,10 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._seen: dict[int, Any] = {}  # id -> object, for inputs and outputs of prepare
+        # Batch boundaries of the training loader: preemption (with automatic naming) and restart progress.
+        watch = BoundaryWatch(self, preemption=self.project_configuration.automatic_checkpoint_naming,
+                              progress_file=os.environ.get(PROGRESS_ENV))
+        self.gradient_state.boundary_hook = watch if watch.active else None
 
     # -- who and where ----------------------------------------------------------
     @property
@@ -344,6 +356,7 @@ class Accelerator:
                 "accelerator.backward was called before accelerator.prepare; "
                 "pass your model and optimizer to accelerator.prepare(...) first."
             )
+        self.gradient_state.mark_training()
         if self.gradient_state.num_steps > 1:
             loss = loss / self.gradient_state.num_steps
         if self.scaler is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 __all__ = ["GradientState", "LoaderPosition"]
 
@@ -13,6 +14,7 @@ class LoaderPosition:
 
     end_of_dataloader: bool = False
     remainder: int = 0  # real samples in the padded last global batch; 0 = no padding
+    cursor: Any = None  # the loader's LoaderCursor (backward marks it as a training loader)
 
 
 @dataclass
@@ -33,6 +35,8 @@ class GradientState:
     sync_gradients: bool = True
     step: int = 0
     sync_with_dataloader: bool = True
+    # Called by a training loader each time it is asked for a batch (preemption, progress); None = nothing to do.
+    boundary_hook: Callable[[Any], None] | None = None
     _positions: list[LoaderPosition] = field(default_factory=list)
 
     @property
@@ -46,6 +50,11 @@ class GradientState:
     @property
     def in_dataloader(self) -> bool:
         return bool(self._positions)
+
+    def mark_training(self) -> None:
+        """The innermost loader being iterated feeds backward(): its batch boundaries are preemption points."""
+        if self._positions and self._positions[-1].cursor is not None:
+            self._positions[-1].cursor.training = True
 
     def push(self, position: LoaderPosition) -> None:
         self._positions.append(position)

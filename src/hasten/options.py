@@ -51,6 +51,8 @@ class DataLoaderConfiguration:
     split_batches: bool = False
     even_batches: bool = True
     non_blocking: bool = False
+    # load_state also restores each prepared loader's position: the next pass yields the rest of the epoch
+    use_stateful_dataloader: bool = False
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["save", "atomic_write", "is_tensor_dict"]
+__all__ = ["save", "load", "atomic_write", "is_tensor_dict"]
 
 
 def _read_umask() -> int:
@@ -101,3 +101,23 @@ def save(obj: Any, f: str | os.PathLike[str], safe_serialization: bool | None = 
         atomic_write(f, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     else:
         atomic_write(f, lambda tmp: torch.save(obj, tmp))
+
+
+def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> Any:
+    """Read what `save` wrote: safetensors files as tensor dicts, others with ``torch.load(weights_only=True)``.
+
+    Nothing is unpickled by default; pass ``weights_only=False`` only for a
+    file you trust.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "state.pt")
+        >>> save({"step": 3}, path); load(path)
+        {'step': 3}
+    """
+    if str(f).endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(f, device="cpu" if map_location is None else str(map_location))
+    kwargs.setdefault("weights_only", True)
+    return torch.load(f, map_location=map_location, **kwargs)

@@ -17,6 +17,21 @@ from .collectives import (
     reduce,
     send_to_device,
 )
+from .checkpointing.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
+from .checkpointing.model_files import load_checkpoint_in_model
+from .checkpointing.project import ProjectConfiguration
 from .data import skip_first_batches
 from .options import (
     DataLoaderConfiguration,
@@ -26,7 +41,7 @@ from .options import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
 )
-from .saving import save
+from .saving import load, save
 from .seeding import set_seed
 
 __all__ = [
@@ -46,5 +61,19 @@ __all__ = [
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
     "save",
+    "load",
     "set_seed",
+    "ProjectConfiguration",
+    "load_checkpoint_in_model",
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAMPLER_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
 ]

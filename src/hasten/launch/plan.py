@@ -100,6 +100,15 @@ class LaunchPlan:
         return "single"
 
     @property
+    def restarts_by_launcher(self) -> int:
+        """Restarts `hasten launch` does itself: on one machine it restarts only after an attempt that made progress.
+
+        On several machines torchrun's agents restart together (they
+        coordinate through the rendezvous), with no progress check.
+        """
+        return self.max_restarts if self.num_machines == 1 else 0
+
+    @property
     def multi_process(self) -> bool:
         return self.mode != "single"
 
@@ -147,7 +156,8 @@ class LaunchPlan:
         else:
             argv += [f"--node-rank={self.machine_rank}", f"--master-addr={self.master_addr}",
                      f"--master-port={self.main_process_port}"]
-        argv += [f"--max-restarts={self.max_restarts}", f"--monitor-interval={self.monitor_interval}", "-m", WORKER_MODULE]
+        agent_restarts = self.max_restarts - self.restarts_by_launcher
+        argv += [f"--max-restarts={agent_restarts}", f"--monitor-interval={self.monitor_interval}", "-m", WORKER_MODULE]
         return argv + self.worker_argv()
 
     def mpirun_argv(self, is_root: bool | None = None, cpus: int | None = None) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -11,6 +12,7 @@ import sys
 import tempfile
 from typing import Any
 
+from ..checkpointing.preemption import EXIT_PREEMPTED, PROGRESS_ENV, RECORD_ENV, read_preemption_record
 from .failures import all_failures, failure_summary, root_cause
 from .plan import LaunchPlan
 
@@ -22,21 +24,38 @@ def execute(plan: LaunchPlan) -> int:
 
     When a rank fails, the others are stopped and one line names the rank
     that failed first and why (its traceback was printed by the rank itself).
-    Ctrl-C / SIGTERM reach every process; none is left behind.
+    Ctrl-C / SIGTERM reach every process; none is left behind. A run that
+    saved a preemption checkpoint ends with one line saying where, and
+    `EXIT_PREEMPTED`.
     """
     env = plan.worker_env()
     os.environ.clear()
     os.environ.update(env)
-    if plan.mode == "single":
-        from .worker import main as worker_main
+    run_dir = tempfile.mkdtemp(prefix="hasten-launch-")
+    os.environ[RECORD_ENV] = os.path.join(run_dir, "preempted.json")
+    try:
+        if plan.mode == "single":
+            from .worker import main as worker_main
 
-        return worker_main(plan.worker_argv())
-    if plan.mode == "mpirun":
-        return run_forwarding_signals(plan.command())
-    return _run_torchrun(plan)
+            return _preempted_or(worker_main(plan.worker_argv()))
+        if plan.mode == "mpirun":
+            return _preempted_or(run_forwarding_signals(plan.command()))
+        return _run_torchrun(plan, run_dir)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _run_torchrun(plan: LaunchPlan) -> int:
+def _preempted_or(code: int) -> int:
+    """`EXIT_PREEMPTED` with one line when the run saved a preemption checkpoint, else `code`."""
+    message = read_preemption_record(os.environ[RECORD_ENV])
+    if message is None:
+        return code
+    sys.stderr.write(f"hasten launch: {message}.\n")
+    return EXIT_PREEMPTED
+
+
+def _run_torchrun(plan: LaunchPlan, run_dir: str) -> int:
+    """torchrun, restarted here (one machine) only after an attempt that made progress; see `LaunchPlan.restarts`."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -45,23 +64,41 @@ def _run_torchrun(plan: LaunchPlan) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     if plan.quiet:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-    # torchrun keeps per-run error files in a directory it never removes; give it one we do.
-    log_dir = tempfile.mkdtemp(prefix="hasten-launch-")
-    try:
-        run(parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()]))
-    except ChildFailedError as failed:
-        # The agent reports only the failures it saw first; the error files of the attempt hold them all.
-        failures = all_failures(failed.failures, log_dir, first_rank=plan.machine_rank * plan.processes_per_machine)
-        _, failure = root_cause(failures)
-        sys.stderr.write(failure_summary(failures, plan.num_processes) + "\n")
-        code = failure.exitcode
-        return code if 0 < code < 256 else 1
-    except SignalException as stopped:
-        sys.stderr.write(f"hasten launch: stopped by {signal.Signals(stopped.sigval).name}; all processes were ended.\n")
-        return 128 + int(stopped.sigval)
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    return 0
+    progress = os.path.join(run_dir, "progress")
+    os.environ[PROGRESS_ENV] = progress
+    restarts_left = plan.restarts_by_launcher
+    attempt = 0
+    while True:
+        attempt += 1
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(progress)
+        # torchrun keeps per-run error files in a directory it never removes; give it one we do.
+        log_dir = tempfile.mkdtemp(prefix="attempt-", dir=run_dir)
+        try:
+            run(parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()]))
+        except ChildFailedError as failed:
+            # The agent reports only the failures it saw first; the error files of the attempt hold them all.
+            failures = all_failures(failed.failures, log_dir, first_rank=plan.machine_rank * plan.processes_per_machine)
+            _, failure = root_cause(failures)
+            code = failure.exitcode if 0 < failure.exitcode < 256 else 1
+            if read_preemption_record(os.environ[RECORD_ENV]) is not None:
+                return _preempted_or(code)
+            sys.stderr.write(failure_summary(failures, plan.num_processes) + "\n")
+            if restarts_left > 0 and os.path.exists(progress):
+                restarts_left -= 1
+                sys.stderr.write(f"hasten launch: restarting every process (attempt {attempt + 1}, "
+                                 f"{restarts_left} restart(s) left after it).\n")
+                continue
+            if restarts_left > 0:
+                sys.stderr.write("hasten launch: not restarting: this attempt failed before its first training batch "
+                                 "was done, so a restart would fail the same way.\n")
+            return code
+        except SignalException as stopped:
+            if read_preemption_record(os.environ[RECORD_ENV]) is not None:
+                return _preempted_or(128 + int(stopped.sigval))
+            sys.stderr.write(f"hasten launch: stopped by {signal.Signals(stopped.sigval).name}; all processes were ended.\n")
+            return 128 + int(stopped.sigval)
+        return 0
 
 
 def run_forwarding_signals(command: list[str]) -> int:

@@ -72,6 +72,11 @@ def record_failure(error: BaseException) -> None:
         handler.record_exception(error)
 
 
+def is_preemption(stop: SystemExit) -> bool:
+    preemption = sys.modules.get("hasten.checkpointing.preemption")  # loaded only if the script used it
+    return preemption is not None and isinstance(stop, preemption.Preempted)
+
+
 def leave_process_group(success: bool) -> None:
     if "torch.distributed" not in sys.modules:
         return  # the script never touched torch.distributed
@@ -116,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_target(target, args, module=module)
     except SystemExit as stop:
+        if is_preemption(stop):  # the checkpoint is saved on every rank: leave together, quietly
+            leave_process_group(success=True)
+            exit_now(int(stop.code))
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code != 0:
             if not isinstance(stop.code, int):

@@ -1,4 +1,10 @@
-"""The strategy interface: wrap a model, skip gradient sync, unwrap."""
+"""The strategy interface: how models are wrapped, synchronised, unwrapped, and how their state is saved.
+
+The checkpoint layer (`hasten.checkpointing`) never reads a model or an
+optimizer directly: it asks the strategy for full state dicts and gives
+them back through it, so a sharded engine can gather or scatter its shards
+(or supply its own sharded files) without the checkpoint layer changing.
+"""
 
 from __future__ import annotations
 
@@ -29,3 +35,21 @@ class Strategy:
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
+
+    # -- state for checkpoints ------------------------------------------------------------
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full (unsharded) state dict of a prepared model, keyed as the user's own module names it."""
+        return self.unwrap_model(model).state_dict()
+
+    def model_state_dict_shapes(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Tensors whose shapes a saved full state dict must match (no copy is made)."""
+        return self.unwrap_model(model).state_dict()
+
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+        self.unwrap_model(model).load_state_dict(state_dict)
+
+    def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state_dict)

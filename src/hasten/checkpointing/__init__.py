@@ -1,0 +1,50 @@
+"""Checkpoints: everything a run needs to continue exactly, written so that none is ever lost.
+
+- `constants.py`: the file names inside a checkpoint (Accelerate's).
+- `project.py`: `ProjectConfiguration`, automatic naming, finding the newest complete checkpoint, rotation.
+- `commit.py`: staging, fsync, manifest last, atomic rename; checks before loading.
+- `state.py`: what a checkpoint holds; save and load for an `Accelerator` (strategies supply model state).
+- `rng.py`: every RNG of a process as weights_only-loadable values.
+- `model_files.py`: `save_model`'s sharded safetensors + index; `load_checkpoint_in_model`.
+- `preemption.py`: signals -> an agreed checkpoint at a batch boundary; progress for restarts.
+- `api.py`: the `Accelerator` methods.
+
+Example:
+    >>> from hasten.checkpointing import ProjectConfiguration, SAFE_WEIGHTS_NAME
+    >>> SAFE_WEIGHTS_NAME
+    'model.safetensors'
+"""
+
+from typing import Any
+
+import torch
+
+from .commit import CheckpointError
+from .constants import *  # noqa: F403 - the file-name constants, at Accelerate's import path
+from .constants import CUSTOM_STATE_NAME, __all__ as _constants
+from .model_files import load_checkpoint_in_model
+from .preemption import EXIT_PREEMPTED, Preempted
+from .project import ProjectConfiguration
+from .rng import capture_rng_state, restore_rng_state
+
+__all__ = [*_constants, "CheckpointError", "EXIT_PREEMPTED", "Preempted", "ProjectConfiguration",
+           "load_checkpoint_in_model", "save_custom_state", "load_custom_state", "capture_rng_state", "restore_rng_state"]
+
+
+def save_custom_state(obj: Any, path: str, index: int = 0, save_on_each_node: bool = False) -> None:
+    """Write ``obj.state_dict()`` to ``path/custom_checkpoint_<index>.pkl`` (what `save_state` does per registered object).
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> save_custom_state(torch.nn.Linear(1, 1), folder)
+        >>> load_custom_state(torch.nn.Linear(1, 1), folder)
+    """
+    from ..saving import save
+
+    save(obj.state_dict(), f"{path}/{CUSTOM_STATE_NAME}_{index}.pkl", safe_serialization=False)
+
+
+def load_custom_state(obj: Any, path: str, index: int = 0) -> None:
+    """Load ``path/custom_checkpoint_<index>.pkl`` into `obj` (read with ``weights_only=True``)."""
+    obj.load_state_dict(torch.load(f"{path}/{CUSTOM_STATE_NAME}_{index}.pkl", map_location="cpu", weights_only=True))

@@ -1,0 +1,174 @@
+"""The checkpoint methods of `Accelerator` (kept here so the facade stays thin): Accelerate's names and meaning."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .model_files import write_model_files
+from .project import ProjectConfiguration
+from .state import load_checkpoint, save_checkpoint
+
+__all__ = ["CheckpointingMixin"]
+
+
+class CheckpointingMixin:
+    """`save_state` / `load_state`, registered objects, hooks, `save_model`, `get_state_dict`.
+
+    Expects the host to set `state`, `strategy`, `gradient_state`, `scaler`,
+    `project_configuration`, `use_stateful_dataloader` and the lists of
+    prepared objects.
+    """
+
+    project_configuration: ProjectConfiguration
+
+    def _init_checkpointing(self) -> None:
+        self._custom_objects: list[Any] = []
+        self._save_state_pre_hooks: dict[int, Callable[..., None]] = {}
+        self._load_state_pre_hooks: dict[int, Callable[..., None]] = {}
+
+    # -- where ------------------------------------------------------------------------------
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatic checkpoint gets (``checkpoint_<save_iteration>``)."""
+        return self.project_configuration.iteration
+
+    @property
+    def step(self) -> int:
+        """Micro-steps counted by `accumulate` in the current accumulation cycle (saved with the state)."""
+        return self.gradient_state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.gradient_state.step = value
+
+    # -- what is saved ----------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects with `save_state` / `load_state` (anything with `state_dict` / `load_state_dict`).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.register_for_checkpointing(torch.nn.Linear(2, 2))
+        """
+        invalid = [f"#{i} ({type(obj).__name__})" for i, obj in enumerate(objects)
+                   if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+        if invalid:
+            raise ValueError(
+                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                f"{', '.join(invalid)} lack them. Give them both methods (or wrap them in an object that has them)."
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[[list[nn.Module], list[dict[str, Any]], str], None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before saving; popping from `weights` skips those models.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> handle = Accelerator(cpu=True).register_save_state_pre_hook(lambda models, weights, out: None)
+            >>> handle.remove()
+        """
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[[list[nn.Module], str], None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before loading; popping from `models` skips loading those models."""
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    # -- save / load ------------------------------------------------------------------------
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """Save everything prepared and registered, atomically; returns the checkpoint directory.
+
+        Without `output_dir`, automatic checkpoint naming writes
+        ``project_dir/checkpoints/checkpoint_<iteration>`` and, with
+        `total_limit`, removes the oldest complete ones after the new one is
+        complete. Every process must call it.
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+            >>> path = accelerator.save_state(tempfile.mkdtemp() + "/ckpt")
+        """
+        if save_model_func_kwargs:
+            raise TypeError(f"save_state got unexpected keyword arguments {sorted(save_model_func_kwargs)}; "
+                            "hasten's save_state takes output_dir and safe_serialization.")
+        return str(save_checkpoint(self, None if output_dir is None else os.fspath(output_dir), safe_serialization))
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **load_model_func_kwargs: Any) -> str | None:
+        """Restore everything `save_state` saved; checks the whole checkpoint before changing anything.
+
+        Without `input_dir`, automatic checkpoint naming loads the newest
+        complete checkpoint, and does nothing (returns None) when the
+        project has none yet — so one ``accelerator.load_state()`` line makes
+        a script resume after a crash, a restart or a preemption. With
+        ``DataLoaderConfiguration(use_stateful_dataloader=True)`` the loaders
+        also resume their position: the next pass yields the rest of the
+        interrupted epoch. Returns the directory loaded.
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+            >>> path = accelerator.save_state(tempfile.mkdtemp() + "/ckpt")
+            >>> accelerator.load_state(path) == path
+            True
+        """
+        if load_model_func_kwargs:
+            raise TypeError(f"load_state got unexpected keyword arguments {sorted(load_model_func_kwargs)}; "
+                            "hasten's load_state takes input_dir only.")
+        path = load_checkpoint(self, None if input_dir is None else os.fspath(input_dir),
+                               on_missing_rng=lambda message: print(f"hasten: {message}", flush=True))
+        if path is None:
+            self.state.print(f"hasten: no checkpoint yet under {self.project_configuration.project_dir}; "
+                             "starting from the beginning.")
+        return None if path is None else str(path)
+
+    # -- model weights ------------------------------------------------------------------------
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (gathered from every process when the strategy shards it).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> sorted(Accelerator(cpu=True).get_state_dict(torch.nn.Linear(2, 2)))
+            ['bias', 'weight']
+        """
+        return self.strategy.model_state_dict(model)
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike[str], max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Write the model's weights as safetensors shards of at most `max_shard_size` plus an index (main process).
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> folder = tempfile.mkdtemp()
+            >>> Accelerator(cpu=True).save_model(torch.nn.Linear(2, 2), folder)
+            >>> import os; os.listdir(folder)
+            ['model.safetensors']
+        """
+        state = self.get_state_dict(model)
+        if self.is_main_process:
+            if os.path.isfile(save_directory):
+                raise ValueError(f"save_model needs a directory, but {save_directory} is a file.")
+            write_model_files(state, Path(save_directory), max_shard_size, safe_serialization)
+        self.wait_for_everyone()

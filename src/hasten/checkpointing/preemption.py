@@ -1,0 +1,159 @@
+"""Preemption and progress: what happens at the training loader's batch boundaries.
+
+A *batch boundary* is the moment the training loop asks the prepared
+training DataLoader for its next batch (the loader whose batches reached
+`backward`). Everything the loop did for the previous batch is done then, so
+a checkpoint taken there resumes exactly.
+
+- **Preemption** (on when automatic checkpoint naming is): SIGTERM or
+  SIGUSR1, sent to the launcher or to any process, sets a flag. The
+  processes agree at the same boundary — every ~1 s of training they
+  all-reduce the flag on a side gloo group, at a boundary count all of them
+  reach; between checks a boundary costs one integer comparison — then
+  save a checkpoint, write one record for the launcher, and exit with
+  `EXIT_PREEMPTED`. A signal that arrives before the first training batch
+  ends the process as it would have without hasten.
+- **Progress** (when `hasten launch` asks for it): the main process touches
+  a file after its first training batch, so the launcher knows a failed
+  attempt got somewhere and restarting it is worthwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..accelerator import Accelerator
+    from ..data import PreparedDataLoader
+
+__all__ = ["EXIT_PREEMPTED", "Preempted", "BoundaryWatch", "RECORD_ENV", "PROGRESS_ENV", "PREEMPTION_SIGNALS"]
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early and resumes when started again
+RECORD_ENV = "HASTEN_PREEMPTION_RECORD"
+PROGRESS_ENV = "HASTEN_PROGRESS_FILE"
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_CHECK_EVERY_SECONDS = 1.0
+
+
+class Preempted(SystemExit):
+    """Raised from the training loop once the preemption checkpoint is saved; exits with `EXIT_PREEMPTED`.
+
+    Example:
+        >>> Preempted("ckpt", "SIGTERM", epoch=1, batch=7).code
+        75
+    """
+
+    def __init__(self, checkpoint: str, signal_name: str, epoch: int, batch: int) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.checkpoint, self.signal_name, self.epoch, self.batch = checkpoint, signal_name, epoch, batch
+
+    def describe(self) -> str:
+        return (f"preempted by {self.signal_name} after epoch {self.epoch} batch {self.batch}; "
+                f"checkpoint saved to {self.checkpoint}; start the run again to resume from it")
+
+
+class BoundaryWatch:
+    """The `GradientState.boundary_hook`: progress report and preemption agreement (see module doc).
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> watch = BoundaryWatch(Accelerator(cpu=True), preemption=False, progress_file=None)
+        >>> watch.active
+        False
+    """
+
+    def __init__(self, accelerator: "Accelerator", preemption: bool, progress_file: str | None) -> None:
+        self.accelerator = accelerator
+        self.num_processes = accelerator.num_processes
+        self.progress_file = progress_file if accelerator.is_main_process else None
+        self.preemption = preemption and threading.current_thread() is threading.main_thread()
+        self.requested: int | None = None  # the signal received on this process
+        self.armed = False  # a training batch was handed out: a signal now means "checkpoint"
+        self.boundaries = 0
+        self._next_check, self._interval, self._last_check = 1, 1, time.monotonic()
+        self._group: Any = None
+        self._previous: dict[int, Any] = {}
+        if self.preemption:
+            if self.num_processes > 1:
+                import torch.distributed as dist
+
+                self._group = dist.new_group(backend="gloo")  # collective: every process builds its Accelerator
+            for sig in PREEMPTION_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    @property
+    def active(self) -> bool:
+        return self.preemption or self.progress_file is not None
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if not self.armed:  # nothing to save yet: do what the signal did before hasten
+            signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.requested = signum
+
+    def close(self) -> None:
+        """Give the signals back to their previous handlers."""
+        if self.preemption and threading.current_thread() is threading.main_thread():
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self.preemption = False
+
+    # -- the hook, at every boundary of a training loader ------------------------------------
+    def __call__(self, loader: "PreparedDataLoader") -> None:
+        self.boundaries += 1
+        if loader.cursor.yielded:
+            self.armed = True
+            if self.progress_file is not None:
+                Path(self.progress_file).touch()
+                self.progress_file = None
+        if self.preemption:
+            if self.num_processes == 1:
+                if self.requested is not None:
+                    self._preempt(loader, self.requested)
+            elif self.boundaries >= self._next_check:
+                self._check(loader)
+        elif self.progress_file is None:
+            self.accelerator.gradient_state.boundary_hook = None  # nothing left to do: free the hot path
+
+    def _check(self, loader: "PreparedDataLoader") -> None:
+        import torch
+        import torch.distributed as dist
+
+        elapsed = time.monotonic() - self._last_check
+        values = torch.tensor([float(self.requested or 0), elapsed], dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group)
+        if values[0] > 0:
+            self._preempt(loader, int(values[0]))
+        # Same inputs on every process => the same next check on every process.
+        scale = _CHECK_EVERY_SECONDS / max(float(values[1]), 1e-4)
+        self._interval = max(1, min(100_000, int(self._interval * scale)))
+        self._next_check = self.boundaries + self._interval
+        self._last_check = time.monotonic()
+
+    def _preempt(self, loader: "PreparedDataLoader", signum: int) -> None:
+        self.close()
+        path = self.accelerator.save_state()
+        stop = Preempted(str(path), signal.Signals(signum).name, loader.cursor.epoch, loader.cursor.yielded)
+        if self.accelerator.is_main_process:
+            record = os.environ.get(RECORD_ENV)
+            if record:
+                Path(record).write_text(json.dumps({"message": stop.describe(), "checkpoint": str(path)}))
+            else:
+                sys.stderr.write(f"hasten: {stop.describe()}.\n")
+        raise stop
+
+
+def read_preemption_record(path: str | os.PathLike[str]) -> str | None:
+    """The line a launcher prints for a preempted run (None when the run was not preempted)."""
+    try:
+        return json.loads(Path(path).read_text())["message"]
+    except (OSError, ValueError, KeyError):
+        return None

@@ -1,0 +1,91 @@
+"""`ProjectConfiguration` and the automatic checkpoint folder: naming, finding the newest complete one, rotation."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, MANIFEST_NAME
+
+__all__ = ["ProjectConfiguration", "checkpoints_root", "list_checkpoints", "latest_checkpoint", "rotate_checkpoints"]
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a run keeps its checkpoints and logs, and how checkpoints are named and rotated.
+
+    With `automatic_checkpoint_naming=True`, `save_state()` writes
+    ``project_dir/checkpoints/checkpoint_<iteration>`` and `load_state()`
+    loads the newest complete one; `total_limit` keeps only that many
+    (older ones are removed only after a new one is complete).
+
+    Example:
+        >>> config = ProjectConfiguration("runs/demo", automatic_checkpoint_naming=True, total_limit=2)
+        >>> config.logging_dir
+        'runs/demo'
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def __post_init__(self) -> None:
+        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+            raise ValueError(f"total_limit must be an integer >= 1 (or None to keep every checkpoint), got {self.total_limit!r}.")
+        if not isinstance(self.iteration, int) or self.iteration < 0:
+            raise ValueError(f"iteration must be an integer >= 0, got {self.iteration!r}.")
+        self.set_directories(self.project_dir)
+
+    def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
+        """Set `project_dir` (and `logging_dir` when it was not given)."""
+        self.project_dir = None if project_dir is None else os.fspath(project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+
+def checkpoints_root(config: ProjectConfiguration) -> Path:
+    if config.project_dir is None:
+        raise ValueError(
+            "automatic_checkpoint_naming needs a project directory; pass Accelerator(project_dir=...) "
+            "or ProjectConfiguration(project_dir=...)."
+        )
+    return Path(config.project_dir) / CHECKPOINTS_DIR
+
+
+_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+
+
+def list_checkpoints(root: Path, complete_only: bool = True) -> list[tuple[int, Path]]:
+    """(iteration, path) of the checkpoints under `root`, oldest first; by default only complete ones."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _NAME.match(entry.name)
+        if match and entry.is_dir() and (not complete_only or (entry / MANIFEST_NAME).is_file()):
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root` (a partial one, killed mid-write, is never chosen)."""
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def rotate_checkpoints(root: Path, total_limit: int | None, keep: Path) -> list[Path]:
+    """Remove the oldest complete checkpoints beyond `total_limit` (never `keep`); returns what was removed."""
+    if total_limit is None:
+        return []
+    found = [path for _, path in list_checkpoints(root) if path != keep]
+    excess = len(found) + 1 - total_limit
+    removed = found[: max(0, excess)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed

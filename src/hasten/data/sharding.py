@@ -1,0 +1,311 @@
+"""Sharding batches (map-style) and items (iterable datasets) across processes.
+
+Sharding is done on the *batch sampler* (map-style) or on the item stream
+(iterable datasets), so that N processes with batch B see, step for step,
+exactly the samples one process with batch N*B would see. That is what
+makes a 1-process and an N-process run reach the same parameters.
+
+- `split_batches=False` (default): the user's batch size is per process;
+  the global batch is N*B, and process r takes the r-th of each N batches.
+- `split_batches=True`: the user's batch size is global; each batch is cut
+  into N equal parts.
+- `even_batches=True` (default): the last global batch is completed with
+  samples from the start of the epoch, so all processes step equally often
+  (`gather_for_metrics` drops those duplicates again).
+- `even_batches=False`: every sample is seen exactly once; processes may
+  get one batch fewer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Iterator
+
+from torch.utils.data import BatchSampler, IterableDataset, Sampler
+
+from ..collectives import share_bounds
+from .order import SampleOrder
+
+__all__ = ["ShardedBatchSampler", "SkipBatchSampler", "IterableDatasetShard", "seek_batches"]
+
+
+def seekable_order(batch_sampler: Any) -> SampleOrder | None:
+    """The `SampleOrder` under a plain torch BatchSampler (whose batches are then computable without drawing)."""
+    if type(batch_sampler) is BatchSampler and isinstance(batch_sampler.sampler, SampleOrder):
+        return batch_sampler.sampler
+    return None
+
+
+def seek_batches(batch_sampler: Any, batches: int) -> bool:
+    """Make the next pass of `batch_sampler` start after `batches` of its batches, without drawing them.
+
+    Returns False when the batch sampler cannot seek (a custom one): the
+    caller then skips by iterating (indices only, no sample is loaded).
+    """
+    if isinstance(batch_sampler, ShardedBatchSampler):
+        return batch_sampler.seek(batches)
+    order = seekable_order(batch_sampler)
+    if order is None:
+        return False
+    order.seek(min(batches * batch_sampler.batch_size, order.num_samples))
+    return True
+
+
+def _cycle_fill(indices: list[Any], source: list[Any], count: int) -> list[Any]:
+    """`indices` extended with `count` items taken cyclically from `source`."""
+    if count <= 0:
+        return indices
+    return indices + list(itertools.islice(itertools.cycle(source), count))
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """This process's batches of an inner batch sampler.
+
+    Example:
+        >>> inner = BatchSampler(range(10), batch_size=2, drop_last=False)
+        >>> list(ShardedBatchSampler(inner, num_processes=2, process_index=1))
+        [[2, 3], [6, 7], [0, 1]]
+        >>> list(ShardedBatchSampler(inner, num_processes=2, process_index=1, even_batches=False))
+        [[2, 3], [6, 7]]
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[int]],
+        num_processes: int,
+        process_index: int,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
+        self._seeked = False  # did the current pass start after a seek (then the epoch's start is computed)?
+        if split_batches and self.batch_size is not None and self.batch_size % num_processes:
+            raise ValueError(
+                f"split_batches=True needs the DataLoader's batch_size ({self.batch_size}) to be a multiple of "
+                f"the number of processes ({num_processes}); change the batch size or use split_batches=False."
+            )
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def global_batch_size(self) -> int | None:
+        if self.batch_size is None:
+            return None
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    @property
+    def total_samples(self) -> int | None:
+        """Samples the inner sampler yields per epoch (None when unknown)."""
+        try:
+            return len(self.sampler)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+
+    @property
+    def padded_remainder(self) -> int:
+        """Real samples in the last global batch when it is padded, else 0."""
+        total, global_batch = self.total_samples, self.global_batch_size
+        if not self.even_batches or self.drop_last or total is None or not global_batch:
+            return 0
+        return total % global_batch
+
+    def set_epoch(self, epoch: int) -> None:
+        for holder in (self.batch_sampler, self.sampler):
+            if hasattr(holder, "set_epoch"):
+                holder.set_epoch(epoch)
+
+    def seek(self, batches: int) -> bool:
+        """Start the next pass after `batches` of this process's batches (see `seek_batches`)."""
+        order = seekable_order(self.batch_sampler)
+        if order is None or self.batch_size is None:
+            return False
+        inner = batches if self.split_batches else batches * self.num_processes
+        order.seek(min(inner * self.batch_size, order.num_samples))
+        self._seeked = True
+        return True
+
+    def _epoch_start(self, count: int) -> list[list[int]]:
+        """The epoch's first `count` inner batches, computed (used after a seek, when they were not drawn)."""
+        order, size = seekable_order(self.batch_sampler), self.batch_size
+        batches = [order.indices(i * size, (i + 1) * size) for i in range(count)]  # type: ignore[union-attr,operator]
+        return [b for b in batches if b]
+
+    def __len__(self) -> int:
+        inner = len(self.batch_sampler)  # type: ignore[arg-type]
+        n, r = self.num_processes, self.process_index
+        if self.split_batches:
+            if self.even_batches or self.drop_last or self.batch_size is None:
+                return inner
+            total = self.total_samples
+            last = 0 if total is None else total % self.batch_size
+            start, end = share_bounds(last, r, n)
+            return inner - 1 if last and start == end else inner
+        if self.drop_last:
+            return inner // n
+        if self.even_batches:
+            return -(-inner // n)
+        return inner // n + (1 if r < inner % n else 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        seeked, self._seeked = self._seeked, False
+        if self.split_batches:
+            return self._iter_split(seeked)
+        return self._iter_strided(seeked)
+
+    def _iter_strided(self, seeked: bool = False) -> Iterator[list[int]]:
+        n, r, size = self.num_processes, self.process_index, self.batch_size
+        chunk: list[list[int]] = []
+        # the first batches, to pad the last chunk with (computed when a seek skipped them)
+        epoch_start: list[list[int]] = self._epoch_start(n) if seeked else []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if len(epoch_start) < n and not seeked:
+                epoch_start.append(batch)
+            chunk.append(batch)
+            if len(chunk) == n and (size is None or len(batch) == size):
+                yield chunk[r]
+                chunk = []
+        if not chunk or self.drop_last:
+            return
+        if not self.even_batches:
+            if r < len(chunk):
+                yield chunk[r]
+            return
+        if size is None:  # batches of unknown size: pad with whole batches
+            chunk = _cycle_fill(chunk, epoch_start, n - len(chunk))
+            yield chunk[r]
+            return
+        flat = [i for b in chunk for i in b]
+        flat = _cycle_fill(flat, [i for b in epoch_start for i in b], n * size - len(flat))
+        yield flat[r * size : (r + 1) * size]
+
+    def _iter_split(self, seeked: bool = False) -> Iterator[list[int]]:
+        n, r, size = self.num_processes, self.process_index, self.batch_size
+        epoch_start: list[int] = self._epoch_start(1)[0] if seeked and self._epoch_start(1) else []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if not epoch_start:
+                epoch_start = batch
+            full = size if size is not None else len(batch)
+            if len(batch) < full and self.even_batches:
+                batch = _cycle_fill(batch, epoch_start, full - len(batch))
+            if len(batch) % n == 0:
+                share = len(batch) // n
+                yield batch[r * share : (r + 1) * share]
+            else:
+                start, end = share_bounds(len(batch), r, n)
+                if end > start:
+                    yield batch[start:end]
+
+
+class SkipBatchSampler(Sampler[list[int]]):
+    """An inner batch sampler without its first `skip_batches` batches (used to resume mid-epoch).
+
+    Example:
+        >>> list(SkipBatchSampler([[0], [1], [2]], skip_batches=2))
+        [[2]]
+    """
+
+    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip_batches)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "batch_sampler":  # not yet set (during unpickling)
+            raise AttributeError(name)
+        return getattr(self.batch_sampler, name)
+
+
+class IterableDatasetShard(IterableDataset):
+    """This process's items of an iterable dataset, read in groups of one global batch.
+
+    Example:
+        >>> list(IterableDatasetShard(range(7), batch_size=2, num_processes=2, process_index=1))
+        [2, 3, 6, 0]
+    """
+
+    def __init__(
+        self,
+        dataset: Iterable[Any],
+        batch_size: int,
+        num_processes: int,
+        process_index: int,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        if split_batches and batch_size % num_processes:
+            raise ValueError(
+                f"split_batches=True needs the DataLoader's batch_size ({batch_size}) to be a multiple of "
+                f"the number of processes ({num_processes})."
+            )
+        self.dataset = dataset
+        self.per_process = batch_size // num_processes if split_batches else batch_size
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.even_batches = even_batches
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    @property
+    def window(self) -> int:
+        """Items read per global batch."""
+        return self.per_process * self.num_processes
+
+    @property
+    def padded_remainder(self) -> int:
+        """Real items in the padded last global batch (0 when unsized or not padded)."""
+        if not self.even_batches or self.drop_last or not hasattr(self.dataset, "__len__"):
+            return 0
+        return len(self.dataset) % self.window  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        """Items this process yields per pass; only for datasets that have a length."""
+        total = len(self.dataset)  # type: ignore[arg-type] # TypeError for unsized streams, like torch's
+        full, remaining = divmod(total, self.window)
+        if self.drop_last or not remaining:
+            return full * self.per_process
+        if self.even_batches:
+            return (full + 1) * self.per_process
+        start = self.process_index * self.per_process
+        return full * self.per_process + min(self.per_process, max(0, remaining - start))
+
+    def __iter__(self) -> Iterator[Any]:
+        window = self.per_process * self.num_processes
+        start, end = self.process_index * self.per_process, (self.process_index + 1) * self.per_process
+        first: list[Any] = []
+        buffer: list[Any] = []
+        for item in self.dataset:
+            buffer.append(item)
+            if len(buffer) == window:
+                if not first:
+                    first = list(buffer)
+                yield from buffer[start:end]
+                buffer = []
+        if not buffer or self.drop_last:
+            return
+        if self.even_batches:
+            buffer = _cycle_fill(buffer, first or list(buffer), window - len(buffer))
+            yield from buffer[start:end]
+        else:
+            yield from buffer[start:end]
+
