@@ -14,6 +14,7 @@ SAMPLER_NAME = "sampler"
 SCALER_NAME = "scaler.pt"
 RNG_STATE_NAME = "random_states"
 CUSTOM_STATE_NAME = "custom_checkpoint"
+GRADIENTS_NAME = "gradients"  # hasten's own: per-process gradients saved mid-accumulation
 # hasten's own: the completeness marker, written last, checked before anything is loaded
 MANIFEST_NAME = "hasten_checkpoint.json"
 CHECKPOINTS_DIR = "checkpoints"

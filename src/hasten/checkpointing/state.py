@@ -26,6 +26,7 @@ from .commit import CheckpointError, begin_staging, check_files, fsync_path, pub
 from .commit import staging_path, write_manifest
 from .constants import (
     CUSTOM_STATE_NAME,
+    GRADIENTS_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
     SAFE_WEIGHTS_NAME,
@@ -167,6 +168,11 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
             for i, obj in enumerate(accelerator._custom_objects):
                 files.update([_write(staging, f"{CUSTOM_STATE_NAME}_{i}.pkl", obj.state_dict())])
         files.update([_write(staging, f"{RNG_STATE_NAME}_{rank}.pkl", capture_rng_state())])
+        # Mid-accumulation, the gradients gathered so far are state too (and differ per process).
+        gradients = {f"{i}.{name}": grad for i, model in enumerate(models)
+                     for name, grad in strategy.model_gradients(model).items()}
+        if gradients:
+            files.update([_write_model(staging, f"{GRADIENTS_NAME}_{rank}.safetensors", gradients, True)])
     except Exception as failure:  # noqa: BLE001 - reported to every process, then raised everywhere
         error = f"writing the checkpoint failed: {type(failure).__name__}: {failure}"
     reports = _all_gather((error, files), n)
@@ -213,6 +219,7 @@ class CheckpointContents:
     scaler: dict[str, Any] | None = None
     custom: list[dict[str, Any]] = field(default_factory=list)
     rng: dict[str, Any] | None = None
+    gradients: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _read(path: Path, name: str) -> Any:
@@ -335,6 +342,15 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
     if SCALER_NAME in names:
         contents.scaler = _read(path, SCALER_NAME)
     contents.custom = [_read(path, f"{CUSTOM_STATE_NAME}_{i}.pkl") for i in range(len(accelerator._custom_objects))]
+    grads_name = f"{GRADIENTS_NAME}_{accelerator.process_index}.safetensors"
+    if grads_name in manifest["files"]:
+        check_files(path, manifest, [grads_name])
+        contents.gradients = read_weights_file(path / grads_name)
+        for i, model in enumerate(models):
+            shapes = {f"{i}.{k}": v for k, v in strategy.model_state_dict_shapes(model).items()}
+            for key, grad in contents.gradients.items():
+                if key.startswith(f"{i}.") and (key not in shapes or shapes[key].shape != grad.shape):
+                    raise CheckpointError(f"{grads_name} does not fit model {i}: {key} has no parameter of that shape.")
     rng_name = f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl"
     if (path / rng_name).is_file():
         check_files(path, manifest, [rng_name])
@@ -345,8 +361,10 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
 def apply_checkpoint(accelerator: "Accelerator", contents: CheckpointContents) -> None:
     """Put checked contents into the live objects (after every process agreed they are fine)."""
     strategy = accelerator.strategy
-    for model, saved in contents.models:
+    for i, (model, saved) in enumerate(contents.models):
         strategy.load_model_state_dict(model, saved)
+        prefix = f"{i}."
+        strategy.load_model_gradients(model, {k[len(prefix):]: v for k, v in contents.gradients.items() if k.startswith(prefix)})
     for optimizer, saved in zip(accelerator._optimizers, contents.optimizers):
         strategy.load_optimizer_state_dict(optimizer, saved)
     for scheduler, saved in zip(accelerator._schedulers, contents.schedulers):

@@ -53,3 +53,13 @@ class Strategy:
 
     def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
         optimizer.load_state_dict(state_dict)
+
+    def model_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """This process's accumulated gradients (local: before the synchronising step they differ per process)."""
+        return {name: p.grad for name, p in self.unwrap_model(model).named_parameters() if p.grad is not None}
+
+    def load_model_gradients(self, model: nn.Module, gradients: dict[str, torch.Tensor]) -> None:
+        """Set every gradient to the saved one (None where none was saved)."""
+        for name, param in self.unwrap_model(model).named_parameters():
+            saved = gradients.get(name)
+            param.grad = None if saved is None else saved.to(device=param.device, dtype=param.dtype)
