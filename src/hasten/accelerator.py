@@ -160,6 +160,7 @@ class Accelerator(CheckpointingMixin):
         watch = BoundaryWatch(self, preemption=self.project_configuration.automatic_checkpoint_naming,
                               progress_file=os.environ.get(PROGRESS_ENV))
         self.gradient_state.boundary_hook = watch if watch.active else None
+        self._boundary_watch = watch
 
     # -- who and where ----------------------------------------------------------
     @property
@@ -547,7 +548,8 @@ class Accelerator(CheckpointingMixin):
     clear = free_memory
 
     def end_training(self) -> None:
-        """Finish cleanly: wait for all processes, then leave the process group."""
+        """Finish cleanly: give SIGTERM/SIGUSR1 back, wait for all processes, then leave the process group."""
+        self._boundary_watch.close()
         shutdown_process_group(success=True)
 
     def __repr__(self) -> str:

@@ -34,6 +34,8 @@ parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--total-limit", type=int, default=2)
 parser.add_argument("--samples", type=int, default=88)
 parser.add_argument("--generator", action="store_true", help="give the DataLoader its own generator")
+parser.add_argument("--die-while-saving", type=int, default=None,
+                    help="SIGKILL this process in the middle of writing its N-th checkpoint (first attempt only)")
 args = parser.parse_args()
 
 
@@ -50,6 +52,24 @@ class Counter:
         self.steps = state["steps"]
 
 
+class DieWhileSaving:
+    """Registered after the counter: its state_dict runs while the checkpoint's files are being written."""
+
+    def __init__(self):
+        self.saves = 0
+
+    def state_dict(self):
+        self.saves += 1
+        if self.saves == args.die_while_saving and not killed_marker.exists():
+            killed_marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+killed_marker = args.out_dir / "killed_once"
 set_seed(0)
 data_gen = torch.Generator().manual_seed(1234)
 x = torch.randn(args.samples, 6, generator=data_gen)
@@ -69,13 +89,13 @@ accelerator = Accelerator(
 )
 model, optimizer, train_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, scheduler)
 counter = Counter()
-accelerator.register_for_checkpointing(counter)
+accelerator.register_for_checkpointing(counter, DieWhileSaving())
 
 rank = accelerator.process_index
+(args.out_dir / f"pid_rank{rank}").write_text(str(os.getpid()))
 losses_file = args.out_dir / f"losses_rank{rank}.json"
 losses = json.loads(losses_file.read_text()) if losses_file.exists() else {}
 resumed = accelerator.load_state()  # the one line: a no-op on the first start
-killed_marker = args.out_dir / "killed_once"
 
 if args.way == "stateful":
     start_epoch, skip = train_dl.epoch, 0

@@ -37,7 +37,7 @@ def execute(plan: LaunchPlan) -> int:
         if plan.mode == "single":
             from .worker import main as worker_main
 
-            return _preempted_or(worker_main(plan.worker_argv()))
+            return _preempted_or(worker_main(plan.worker_argv(), exit_when_done=False))
         if plan.mode == "mpirun":
             return _preempted_or(run_forwarding_signals(plan.command()))
         return _run_torchrun(plan, run_dir)
@@ -62,6 +62,8 @@ def _run_torchrun(plan: LaunchPlan, run_dir: str) -> int:
 
     # The agent's own per-failure log lines would bury our one-line summary.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # "Received 15 death signal, shutting down workers": we print our own line about the signal.
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     if plan.quiet:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     progress = os.path.join(run_dir, "progress")

@@ -20,7 +20,7 @@ from types import TracebackType
 
 from .failures import is_peer_lost
 
-__all__ = ["main", "run_target", "record_failure", "exit_now", "leave_process_group", "die_with_launcher"]
+__all__ = ["main", "run_target", "record_failure", "exit_now", "exit_cleanly", "leave_process_group", "die_with_launcher"]
 
 _HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
@@ -93,6 +93,37 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def exit_cleanly(code: int = 0) -> None:
+    """End a finished rank as the interpreter would, but skip its C++ teardown.
+
+    At interpreter teardown, C++ objects that a gloo process group leaves
+    behind (a group the script still references after destroy_process_group,
+    say) are destroyed in no fixed order, and now and then one of them is a
+    still-joinable thread: "terminate called without an active exception",
+    SIGABRT, after all the work was done. So a finished rank does what
+    teardown would do for the user — wait for non-daemon threads, run the
+    atexit handlers, flush every open file — and then leaves with
+    ``os._exit``: the same result, every time.
+    """
+    import atexit
+    import gc
+    import io
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # prints (does not raise) the errors of failing handlers, as at a normal exit
+    for obj in gc.get_objects():
+        if issubclass(type(obj), io.IOBase):  # type(), not isinstance: no __class__ property is run
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a broken file must not turn a finished run into a failure
+                pass
+    exit_now(code)
+
+
 def die_with_launcher() -> None:
     """Ask Linux to SIGTERM this rank when its launcher dies, even by SIGKILL.
 
@@ -108,7 +139,8 @@ def die_with_launcher() -> None:
         arm_parent_death_signal(os.getppid())
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
+    """Run the target on this rank; with `exit_when_done` a finished rank ends through `exit_cleanly`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     die_with_launcher()
     module = bool(argv) and argv[0] == "--module"
@@ -137,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         record_failure(error)
         exit_now(1)
     leave_process_group(success=True)
+    if exit_when_done:
+        exit_cleanly(0)
     return 0
 
 

@@ -1,0 +1,19 @@
+"""A finished run must exit 0, every time: a user-created gloo group, extra groups the script still
+references at exit, a hasten Accelerator on top, then a normal end. Prints DONE when the work is done."""
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+world = dist.group.WORLD  # references kept until interpreter teardown, as user scripts do
+groups = [dist.new_group(backend="gloo") for _ in range(4)]
+for group in groups:
+    dist.all_reduce(torch.ones(1), group=group)
+
+from hasten import Accelerator  # noqa: E402
+
+accelerator = Accelerator()
+total = accelerator.reduce(torch.tensor([1.0 + accelerator.process_index])).item()
+assert total == sum(range(1, accelerator.num_processes + 1)), total
+accelerator.end_training()
+print("DONE", flush=True)
