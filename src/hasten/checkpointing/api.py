@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,8 +30,9 @@ class CheckpointingMixin:
 
     def _init_checkpointing(self) -> None:
         self._custom_objects: list[Any] = []
-        self._save_state_pre_hooks: dict[int, Callable[..., None]] = {}
-        self._load_state_pre_hooks: dict[int, Callable[..., None]] = {}
+        # OrderedDict: torch's RemovableHandle keeps a weak reference to it (a plain dict cannot have one)
+        self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
 
     # -- where ------------------------------------------------------------------------------
     @property

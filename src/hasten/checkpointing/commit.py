@@ -106,14 +106,15 @@ def resolve_complete(target: Path) -> Path:
     if not target.exists() and is_checkpoint(previous):
         return previous
     if not target.exists():
+        if staging_path(target).exists():
+            raise CheckpointError(
+                f"the save to {target} was interrupted before it completed (only {staging_path(target).name} exists); "
+                "load an older checkpoint."
+            )
         raise CheckpointError(f"no checkpoint at {target}: the directory does not exist; check the path.")
-    if staging_path(target).exists() or not any(target.iterdir()):
-        raise CheckpointError(
-            f"{target} is not a complete checkpoint: it has no {MANIFEST_NAME} (the save was interrupted); "
-            "load an older checkpoint."
-        )
     raise CheckpointError(
-        f"{target} is not a hasten checkpoint: it has no {MANIFEST_NAME}; pass a directory written by save_state."
+        f"{target} is not a complete hasten checkpoint: it has no {MANIFEST_NAME}, which save_state writes last "
+        "(the save was interrupted, or another tool wrote this directory); pass a directory written by save_state."
     )
 
 
