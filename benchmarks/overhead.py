@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import os
 import resource
@@ -84,15 +85,22 @@ def raw_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int
     return time.perf_counter() - start, cpu, model
 
 
-def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
-    """The same loop written for hasten; returns (wall seconds, main-thread CPU seconds, model)."""
+def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0, preemption: bool = False):
+    """The same loop written for hasten; returns (wall seconds, main-thread CPU seconds, model).
+
+    With `preemption`, automatic checkpoint naming is on: SIGTERM/SIGUSR1 are watched and the
+    processes check for an agreed stop at batch boundaries (what this costs is what is measured).
+    """
+    import tempfile
+
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from hasten import Accelerator
+    from hasten import Accelerator, ProjectConfiguration
 
-    accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=accumulation)
+    project = ProjectConfiguration(tempfile.gettempdir(), automatic_checkpoint_naming=True) if preemption else None
+    accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=accumulation, project_config=project)
     model, dataset, batch = build(kind, seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(dataset, batch_size=batch)
@@ -110,11 +118,12 @@ def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
             optimizer.zero_grad()
     cpu = time.thread_time() - cpu_start
     dist.barrier()
+    accelerator._boundary_watch.close()  # give the signals back before the next loop's Accelerator
     return time.perf_counter() - start, cpu, accelerator.unwrap_model(ddp)
 
 
 # ---------------------------------------------------------------------------- measurements (inside the 2 processes)
-def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, steps: int) -> float:
+def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, steps: int, preemption: bool = False) -> float:
     """Median over paired rounds of hasten/raw speed, by wall clock and by main-thread CPU time.
 
     Wall clock is what users feel but drifts a lot on a shared VM; the
@@ -124,17 +133,18 @@ def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, ste
     import torch.distributed as dist
 
     wall_ratios, cpu_ratios, raw_rates, hasten_rates = [], [], [], []
+    hasten = functools.partial(hasten_loop, preemption=preemption)
     raw_loop(kind, 8, accumulation, precision)  # warm-up both paths
-    hasten_loop(kind, 8, accumulation, precision)
+    hasten(kind, 8, accumulation, precision)
     for round_index in range(rounds):
         # Alternate which loop goes first (ABBA...): the second loop of a round
         # pays for freeing the first one's objects, which would bias a fixed order.
         timings = {}
-        order = (raw_loop, hasten_loop) if round_index % 2 == 0 else (hasten_loop, raw_loop)
+        order = (raw_loop, hasten) if round_index % 2 == 0 else (hasten, raw_loop)
         for loop in order:
             gc.collect()
             timings[loop] = loop(kind, steps, accumulation, precision)[:2]
-        (raw_wall, raw_cpu), (hasten_wall, hasten_cpu) = timings[raw_loop], timings[hasten_loop]
+        (raw_wall, raw_cpu), (hasten_wall, hasten_cpu) = timings[raw_loop], timings[hasten]
         raw_rates.append(steps / raw_wall)
         hasten_rates.append(steps / hasten_wall)
         wall_ratios.append(raw_wall / hasten_wall)
@@ -143,7 +153,7 @@ def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, ste
     low, _, high = statistics.quantiles(wall_ratios, n=4)
     if dist.get_rank() == 0:
         print(
-            f"{kind:<12} acc={accumulation} {precision:<4}  raw {statistics.median(raw_rates):6.1f} steps/s  "
+            f"{kind + (' +preempt' if preemption else ''):<20} acc={accumulation} {precision:<4}  raw {statistics.median(raw_rates):6.1f} steps/s  "
             f"hasten {statistics.median(hasten_rates):6.1f} steps/s  wall ratio {wall:.3f} "
             f"(quartiles {low:.2f}-{high:.2f})  CPU ratio {cpu:.3f}  {'ok' if cpu >= 0.99 else 'BELOW 0.99'}",
             flush=True,
@@ -212,6 +222,8 @@ def worker(args: argparse.Namespace) -> None:
     for kind, precision in (("mlp", "no"), ("transformer", "bf16")):
         for accumulation in (1, 4):
             compare_steps(kind, accumulation, precision, rounds[kind], steps[kind])
+    # automatic checkpoint naming on: preemption signals watched, stop agreed at batch boundaries
+    compare_steps("mlp", 1, "no", rounds["mlp"], steps["mlp"], preemption=True)
     if dist.get_rank() == 0:
         print("-- fp32 parameters after the same training, raw DDP vs hasten", flush=True)
     for kind in ("mlp", "transformer"):

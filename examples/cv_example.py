@@ -15,7 +15,12 @@ process or on several (CPU or GPU), in full or mixed precision:
   gathered predictions add up to exactly ``len(eval_dataset)`` samples, even
   though the last batch was padded so every process steps equally often;
 - ``accelerator.save(accelerator.unwrap_model(model).state_dict(), ...)``
-  writes ``model.safetensors`` once, from the main process.
+  writes ``model.safetensors`` once, from the main process;
+- with ``--project_dir DIR``: a checkpoint after every epoch
+  (``DIR/checkpoints/checkpoint_<n>``, the last 2 kept) and one line,
+  ``accelerator.load_state()``, that resumes the run exactly after a crash,
+  a ``--max_restarts`` restart or a preemption (SIGTERM / SIGUSR1: the run
+  saves at the next batch and exits 75; start it again to continue).
 
 The data are the 1,797 real 8x8 grey-scale digit images bundled with
 scikit-learn (``sklearn.datasets.load_digits``; nothing is downloaded), split
@@ -59,7 +64,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
-from hasten import Accelerator, set_seed
+from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration, set_seed
 
 SPLIT_SEED = 0  # fixed: the validation set is the same whatever --seed is
 MIN_ACCURACY = 0.95  # below this the script exits with status 1
@@ -86,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=42, help="seed for model init, shuffling and dropout (default: 42)")
     parser.add_argument("--output_dir", default=None, help="if given, save model.safetensors there at the end")
+    parser.add_argument("--project_dir", default=None,
+                        help="if given, checkpoint every epoch under DIR/checkpoints and resume from the newest one")
     parser.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
     return parser.parse_args(argv)
 
@@ -150,10 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
 
+    checkpoints = None
+    if args.project_dir is not None:  # keep the 2 newest; resume inside an interrupted epoch
+        checkpoints = ProjectConfiguration(args.project_dir, automatic_checkpoint_naming=True, total_limit=2)
     accelerator = Accelerator(
         cpu=True if args.cpu else None,  # None: whatever the launcher said
         mixed_precision=args.mixed_precision,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
+        project_config=checkpoints,
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
     )
     set_seed(args.seed)  # same seed on every process: identical initial weights
 
@@ -194,8 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(global batch {global_batch * accumulation} per optimizer step); validation: {len(eval_ds)} images"
     )
 
+    if checkpoints is not None:
+        accelerator.load_state()  # the newest complete checkpoint, if any: model, optimizer, data position, RNG
+
     accuracy, seen = 0.0, 0
-    for epoch in range(args.epochs):
+    for epoch in range(train_dl.epoch, args.epochs):  # train_dl.epoch: where a resumed run stopped
         train_dl.set_epoch(epoch)
         model.train()
         loss_sum = torch.zeros((), device=accelerator.device)
@@ -223,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             f"epoch {epoch + 1:2d}/{args.epochs}: train loss {train_loss:.4f}, "
             f"validation accuracy {accuracy:.4f} ({seen} samples), lr {scheduler.get_last_lr()[0]:.2e}"
         )
+        if checkpoints is not None:
+            accelerator.save_state()
+
+    if seen == 0:  # resumed after the last epoch: nothing left to train
+        accuracy, seen = evaluate(accelerator, model, eval_dl)
 
     if seen != len(eval_ds):  # gather_for_metrics must count every validation image exactly once
         raise RuntimeError(f"validation counted {seen} samples, expected {len(eval_ds)}")

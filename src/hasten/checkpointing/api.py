@@ -140,9 +140,12 @@ class CheckpointingMixin:
                             "hasten's load_state takes input_dir only.")
         path = load_checkpoint(self, None if input_dir is None else os.fspath(input_dir),
                                on_missing_rng=lambda message: print(f"hasten: {message}", flush=True))
-        if path is None:
-            self.state.print(f"hasten: no checkpoint yet under {self.project_configuration.project_dir}; "
-                             "starting from the beginning.")
+        if input_dir is None:  # automatic resume: say what happened
+            if path is None:
+                self.state.print(f"hasten: no checkpoint yet under {self.project_configuration.project_dir}; "
+                                 "starting from the beginning.")
+            else:
+                self.state.print(f"hasten: resumed from {path}.")
         return None if path is None else str(path)
 
     # -- model weights ------------------------------------------------------------------------

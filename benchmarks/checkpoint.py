@@ -1,0 +1,194 @@
+"""Checkpoint speed against the physical limit, and the cost of preemption and restarts.
+
+    python benchmarks/checkpoint.py            # ~100M-parameter model + AdamW (about 1.2 GB per checkpoint)
+    python benchmarks/checkpoint.py --quick    # a ~25M-parameter model, fewer rounds
+
+Part 1, in one process, alternating in each round:
+  disk       write the same number of bytes with os.write + fsync (sequential; the physical limit)
+  torch.save the model's and the optimizer's state dicts into one file + fsync (what a hand-written loop does)
+  save_state hasten's checkpoint (safetensors model, optimizer, RNG, manifest, fsync, atomic rename)
+  load_state hasten's load (reads and checks everything, then restores)
+  torch.load the torch.save file (weights_only=True) and load_state_dict on model and optimizer
+Printed: seconds and MB/s (median of rounds), save_state / disk-limit and save_state / torch.save ratios, peak RSS.
+
+Part 2, two real processes through `hasten launch` (tests/scripts/ckpt_train.py):
+  preemption: SIGTERM to the launcher -> the launcher's exit (agree, save, leave)
+  restart:    launch -> first training step, for a fresh run and for a run resuming from a checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(width: int, layers: int):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randn(2, width)).sum().backward()
+    optimizer.step()  # AdamW state exists: two tensors per parameter
+    optimizer.zero_grad()
+    return model, optimizer
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def disk_write(path: Path, nbytes: int) -> float:
+    block = os.urandom(64 * 2**20)
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    written = 0
+    while written < nbytes:
+        written += os.write(fd, block[: min(len(block), nbytes - written)])
+    os.fsync(fd)
+    os.close(fd)
+    took = time.perf_counter() - start
+    path.unlink()
+    return took
+
+
+def drop_caches() -> None:
+    """Make loads read from disk where we may (root); otherwise they read the page cache (noted in the output)."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
+def part1(width: int, layers: int, rounds: int, work: Path) -> None:
+    import torch
+
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = build(width, layers)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    params = sum(p.numel() for p in model.parameters())
+    times: dict[str, list[float]] = {k: [] for k in ("disk", "torch.save", "save_state", "load_state", "torch.load")}
+    sizes: dict[str, int] = {}
+    for round_index in range(rounds):
+        ckpt, plain = work / f"ckpt{round_index}", work / f"plain{round_index}.pt"
+        gc.collect()
+        start = time.perf_counter()
+        accelerator.save_state(ckpt)
+        times["save_state"].append(time.perf_counter() - start)
+        sizes["save_state"] = sum(p.stat().st_size for p in ckpt.iterdir())
+        gc.collect()
+        start = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, plain)
+        fsync(plain)
+        times["torch.save"].append(time.perf_counter() - start)
+        sizes["torch.save"] = plain.stat().st_size
+        times["disk"].append(disk_write(work / "disk.bin", sizes["save_state"]))
+        drop_caches()
+        gc.collect()
+        start = time.perf_counter()
+        accelerator.load_state(ckpt)
+        times["load_state"].append(time.perf_counter() - start)
+        drop_caches()
+        gc.collect()
+        start = time.perf_counter()
+        state = torch.load(plain, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        del state
+        times["torch.load"].append(time.perf_counter() - start)
+        shutil.rmtree(ckpt)
+        plain.unlink()
+    median = {k: statistics.median(v) for k, v in times.items()}
+    mb = sizes["save_state"] / 1e6
+    print(f"-- checkpoint of {params / 1e6:.1f}M parameters + AdamW state: save_state writes {mb:.0f} MB "
+          f"(torch.save {sizes['torch.save'] / 1e6:.0f} MB); median of {rounds} alternating rounds")
+    for name, seconds in median.items():
+        size = sizes["torch.save" if name.startswith("torch") else "save_state"] / 1e6
+        print(f"{name:<11} {seconds:7.2f} s   {size / seconds:7.0f} MB/s")
+    print(f"save_state / disk limit   {median['save_state'] / median['disk']:.2f}x   (1.00 = as fast as the disk writes)")
+    print(f"save_state / torch.save   {median['save_state'] / median['torch.save']:.2f}x")
+    print(f"load_state / torch.load   {median['load_state'] / median['torch.load']:.2f}x   "
+          f"(load_state also checks every file, key and shape first)")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB "
+          f"(model + optimizer alone: {mb:.0f} MB)", flush=True)
+
+
+def _first_step_seconds(out: Path, wall_start: float, process: subprocess.Popen, timeout: float = 120) -> float:
+    """Seconds from `wall_start` until the run writes its first loss (the script writes one after each step)."""
+    losses = out / "losses_rank0.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if losses.exists() and losses.stat().st_mtime > wall_start:
+            return time.time() - wall_start
+        time.sleep(0.01)
+    raise RuntimeError("the run did not reach its first step")
+
+
+def part2(rounds: int, work: Path) -> None:
+    script = ROOT / "tests" / "scripts" / "ckpt_train.py"
+    exits, fresh_starts, resumed_starts = [], [], []
+    for round_index in range(rounds):
+        out = work / f"run{round_index}"
+        out.mkdir()
+        command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(script), str(out),
+                   "--sleep", "0.1", "--save-every", "1000", "--epochs", "50"]
+        wall_start = time.time()
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        fresh_starts.append(_first_step_seconds(out, wall_start, process))
+        time.sleep(1.0)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        exits.append(time.monotonic() - sent)
+        assert process.returncode == 75, stderr
+        wall_start = time.time()
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        resumed_starts.append(_first_step_seconds(out, wall_start, process))
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    print(f"-- 2 processes (gloo), median of {rounds}")
+    print(f"preemption signal -> clean exit of the launcher   {statistics.median(exits):.2f} s "
+          f"(all ranks agree, save, leave; grace period 30 s)")
+    print(f"launch -> first step, fresh run                    {statistics.median(fresh_starts):.2f} s")
+    print(f"launch -> first resumed step, after preemption     {statistics.median(resumed_starts):.2f} s", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="hasten-bench-", dir=os.environ.get("HASTEN_BENCH_DIR")))
+    try:
+        if args.quick:
+            part1(width=2048, layers=6, rounds=2, work=work)
+            part2(rounds=2, work=work)
+        else:
+            part1(width=4096, layers=6, rounds=3, work=work)
+            part2(rounds=3, work=work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
