@@ -18,7 +18,11 @@ else
     echo "setup: no torch found; installing the CPU build torch==2.13.0"
     "$PYTHON" -m pip install --quiet "torch==2.13.0"
 fi
-"$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# Hold the installed torch: nothing in the extras may replace it (a bare resolve could pull a CUDA build).
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+"$PYTHON" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$constraints"
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -c "$constraints" -e ".[test]"
 echo "setup: hasten $("$PYTHON" -c 'import hasten; print(hasten.__version__)') installed"
 
 # Open MPI for the `--mpirun` launch mode and its tests (optional: those tests skip without it).

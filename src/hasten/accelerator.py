@@ -21,6 +21,7 @@ from . import collectives
 from .checkpointing.api import CheckpointingMixin
 from .checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
 from .checkpointing.project import ProjectConfiguration
+from .tracking.api import TrackingMixin
 from .data import PreparedDataLoader, prepare_data_loader, skip_first_batches
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
@@ -46,7 +47,6 @@ _UNSUPPORTED = {
     "deepspeed_plugin": "DeepSpeed support",
     "fsdp_plugin": "FSDP support",
     "megatron_lm_plugin": "Megatron-LM support",
-    "log_with": "experiment trackers",
     "dynamo_backend": "torch.compile integration",
 }
 
@@ -67,7 +67,7 @@ def _is_preparable(obj: Any) -> bool:
     return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
 
 
-class Accelerator(CheckpointingMixin):
+class Accelerator(CheckpointingMixin, TrackingMixin):
     """Run one training loop on 1 or N processes, on CPU or GPUs, in any precision.
 
     Arguments left as None take the value `hasten launch` passed (its launch
@@ -101,6 +101,7 @@ class Accelerator(CheckpointingMixin):
         even_batches: bool | None = None,
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
+        log_with: Any = None,
         **unsupported: Any,
     ) -> None:
         for name, value in unsupported.items():
@@ -132,6 +133,7 @@ class Accelerator(CheckpointingMixin):
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
         self._init_checkpointing()
+        self._init_tracking(log_with)
 
         plugin = gradient_accumulation_plugin
         if plugin is not None and gradient_accumulation_steps is not None:
@@ -548,7 +550,8 @@ class Accelerator(CheckpointingMixin):
     clear = free_memory
 
     def end_training(self) -> None:
-        """Finish cleanly: give SIGTERM/SIGUSR1 back, wait for all processes, then leave the process group."""
+        """Finish cleanly: close the trackers, give SIGTERM/SIGUSR1 back, wait for all processes, leave the group."""
+        self._finish_trackers()
         self._boundary_watch.close()
         shutdown_process_group(success=True)
 
