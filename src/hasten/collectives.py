@@ -2,9 +2,15 @@
 
 Each function is a thin walk over the structure that hands each tensor to
 the matching torch.distributed call; on a single process they return their
-input unchanged. With debug mode on (`HASTEN_DEBUG=1` or `hasten launch
---debug`), gather/reduce first compare shapes across ranks and raise one
-clear error instead of hanging or returning garbage on a mismatch.
+input unchanged.
+
+Mismatches are errors, always: before gather / reduce / broadcast /
+pad_across_processes, every process all-reduces (MAX) one 2-element
+signature of (operation, each tensor's shape and dtype). Equal signatures
+cost that one tiny collective; different ones (a gather of (4,) against
+(2, 2), a gather on one rank and a reduce on another) raise on every rank
+one sentence naming the operation, each rank's shapes and call site,
+instead of a wrong result, a SIGABRT or a hang.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
+import zlib
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -80,21 +88,72 @@ def _distributed() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _debug() -> bool:
-    """Debug mode, read once: the shape checks cost a collective each."""
+    """Debug mode (`HASTEN_DEBUG=1` / `hasten launch --debug`), read once."""
     from .launch_spec import LaunchSpec
 
     return os.environ.get("HASTEN_DEBUG", "") not in ("", "0") or LaunchSpec.from_env().debug
 
 
-def _check_shapes(operation: str, tensor: torch.Tensor) -> None:
-    shapes: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(shapes, (tuple(tensor.shape), str(tensor.dtype)))
-    if len(set(shapes)) > 1:
-        listing = ", ".join(f"rank {r}: {s[0]} {s[1]}" for r, s in enumerate(shapes))
-        raise ValueError(
-            f"{operation} needs the same shape and dtype on every process, got {listing}; "
-            "use pad_across_processes first or gather_object for ragged data."
-        )
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _call_site() -> str:
+    """file:line of the first caller outside hasten (for error messages only)."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _leaves(data: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    recursively_apply(lambda t: found.append(t), data)
+    return found
+
+
+def _describe(tensors: list[torch.Tensor], ignore_dim: int | None) -> tuple[Any, ...]:
+    described = []
+    for t in tensors:
+        shape = list(t.shape)
+        if ignore_dim is not None and -t.ndim <= ignore_dim < t.ndim:
+            shape[ignore_dim % t.ndim] = "*"
+        described.append((tuple(shape), str(t.dtype).replace("torch.", "")))
+    return tuple(described)
+
+
+def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = None) -> None:
+    """Raise on every process if the processes are not all in `operation` with the same shapes and dtypes.
+
+    One all-reduce of two int64 numbers when all agree; the details are
+    gathered only to write the error.
+    """
+    tensors = _leaves(data)
+    described = _describe(tensors, ignore_dim)
+    signature = zlib.crc32(repr((operation, described)).encode())
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if dist.get_backend() == "nccl" and device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    both = torch.tensor([signature, -signature], dtype=torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    if int(both[0]) == -int(both[1]):
+        return
+    reports: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, (operation, described, _call_site()))
+    operations = {report[0] for report in reports}
+    if len(operations) > 1:
+        listing = ", ".join(f"rank {r} in {op} at {site}" for r, (op, _, site) in enumerate(reports))
+        raise RuntimeError(f"the processes called different collectives: {listing}; every process must make the "
+                           "same collective calls in the same order.")
+
+    def shapes(entry: tuple[Any, ...]) -> str:
+        return "; ".join(f"{shape if len(shape) != 1 else '(' + str(shape[0]) + ',)'} {dtype}" for shape, dtype in entry)
+
+    listing = ", ".join(f"rank {r}: {shapes(described)} at {site}" for r, (_, described, site) in enumerate(reports))
+    hint = ("use pad_across_processes first or gather_object for ragged data" if operation == "gather"
+            else "make every process pass tensors of the same shapes and dtypes")
+    raise ValueError(f"{operation} needs the same shape and dtype on every process, got {listing}; {hint}.")
 
 
 # torch 2.13 renamed all_gather_into_tensor (older versions only have the old name).
@@ -102,8 +161,9 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()  # gather is not differentiable; a tensor that requires grad must not change that
     if tensor.ndim == 0:
-        tensor = tensor[None]
+        tensor = tensor.reshape(1)
     tensor = tensor.contiguous()
     out = torch.empty((dist.get_world_size() * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     _all_gather_single(out, tensor)
@@ -119,8 +179,7 @@ def gather(data: Any) -> Any:
     """
     if not _distributed():
         return data
-    if _debug():
-        recursively_apply(lambda t: _check_shapes("gather", t), data)
+    check_same_everywhere("gather", data)
     return recursively_apply(_gather_one, data)
 
 
@@ -140,31 +199,35 @@ def gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
-_REDUCE_OPS = ("sum", "mean")
+_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
 
 
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sum (or average) each tensor across processes; every process receives the result.
+    """Reduce each tensor across processes ("sum", "mean", "max", "min", "product"); every process gets the result.
+
+    The inputs are not modified; integer tensors averaged with "mean" become floating point.
 
     Example:
         >>> reduce(torch.tensor([1.0, 2.0]), "mean")
         tensor([1., 2.])
     """
     if reduction not in _REDUCE_OPS:
-        raise ValueError(f"reduction={reduction!r} is not one of {_REDUCE_OPS}.")
+        raise ValueError(f"reduction={reduction!r} is not one of {tuple(_REDUCE_OPS)}.")
+    distributed = _distributed()
+    op = getattr(dist.ReduceOp, _REDUCE_OPS[reduction]) if distributed else None
 
     def reduce_one(tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.clone()
-        if _distributed():
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        out = tensor.detach().clone().contiguous()
+        if distributed:
+            dist.all_reduce(out, op=op)
             if reduction == "mean":
                 out = out / dist.get_world_size()
         if scale != 1.0:
             out = out * scale
         return out
 
-    if _distributed() and _debug():
-        recursively_apply(lambda t: _check_shapes("reduce", t), data)
+    if distributed:
+        check_same_everywhere("reduce", data)
     return recursively_apply(reduce_one, data)
 
 
@@ -177,9 +240,16 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """
     if not _distributed():
         return data
+    check_same_everywhere("broadcast", data)
 
     def broadcast_one(tensor: torch.Tensor) -> torch.Tensor:
-        dist.broadcast(tensor, src=from_process)
+        if tensor.is_contiguous():
+            dist.broadcast(tensor, src=from_process)
+            return tensor
+        staged = tensor.contiguous()
+        dist.broadcast(staged, src=from_process)
+        with torch.no_grad():
+            tensor.copy_(staged)
         return tensor
 
     return recursively_apply(broadcast_one, data)
@@ -206,6 +276,8 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     """
     if not _distributed():
         return data
+
+    check_same_everywhere("pad_across_processes", data, ignore_dim=dim)
 
     def pad_one(tensor: torch.Tensor) -> torch.Tensor:
         if dim >= tensor.ndim or dim < -tensor.ndim:

@@ -129,6 +129,8 @@ class PartialState:
         self.device = select_device(self.topology.local_rank, cpu=self.cpu)
         wanted = backend or backend_for_device(self.device.type)
         if self.backend is None:
+            if self.debug:  # torch's own check that every rank runs the same collective, with shapes
+                os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
             if self.topology.is_distributed:
                 if self.device.type == "cuda":
                     torch.cuda.set_device(self.device)
@@ -181,8 +183,16 @@ class PartialState:
 
     # -- synchronisation ----------------------------------------------------
     def wait_for_everyone(self) -> None:
-        """Block until every process reaches this line (a barrier)."""
+        """Block until every process reaches this line (a barrier).
+
+        In debug mode it first checks that every process is at a barrier
+        (not one here and another in a gather), and says where each is if not.
+        """
         if self.use_distributed:
+            if self.debug:
+                from .collectives import check_same_everywhere
+
+                check_same_everywhere("wait_for_everyone", None)
             dist.barrier()
 
     @contextlib.contextmanager

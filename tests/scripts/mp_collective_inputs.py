@@ -1,0 +1,49 @@
+"""Collectives with awkward inputs, and mismatches without debug mode. Writes OUT_DIR/rank{N}.json."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from hasten import PartialState
+from hasten.utils import broadcast, gather, pad_across_processes, reduce
+
+out_dir = Path(sys.argv[1])
+state = PartialState(cpu=True)
+rank = state.process_index
+result = {}
+
+# tensors that require grad, non-contiguous, 0-d, empty, and mixed dtypes in one structure
+weight = torch.full((2, 3), float(rank + 1), requires_grad=True)
+gathered = gather({"grad": weight * 2, "t": torch.arange(6.0).reshape(2, 3).t() + rank, "scalar": torch.tensor(rank),
+                   "empty": torch.zeros(0, 4), "ints": torch.tensor([rank], dtype=torch.int32)})
+result["gather"] = {k: [list(v.shape), str(v.dtype), v.tolist(), v.requires_grad] for k, v in gathered.items()}
+reduced = {op: reduce(torch.tensor([rank + 1.0, -rank - 2.0], requires_grad=True), op).tolist()
+           for op in ("sum", "mean", "max", "min", "product")}
+reduced["int_mean"] = reduce(torch.tensor([rank + 1]), "mean").tolist()
+reduced["0d"] = reduce(torch.tensor(rank + 1.0), "max").tolist()
+result["reduce"] = reduced
+column = torch.zeros(3, 2)[:, 0]  # non-contiguous
+column += rank + 5
+result["broadcast"] = broadcast(column, from_process=1).tolist()
+result["pad"] = pad_across_processes(torch.ones(rank + 1, 2, requires_grad=True)).shape[0]
+
+# mismatches, without debug mode: one clear error on every rank
+errors = {}
+cases = {
+    "same_count": lambda: gather(torch.zeros(4) if rank == 0 else torch.zeros(2, 2)),
+    "different_count": lambda: gather(torch.zeros(4) if rank == 0 else torch.zeros(5)),
+    "dtype": lambda: reduce(torch.zeros(3) if rank == 0 else torch.zeros(3, dtype=torch.float64)),
+    "different_ops": lambda: gather(torch.zeros(2)) if rank == 0 else reduce(torch.zeros(2)),
+}
+for name, call in cases.items():
+    try:
+        call()
+        errors[name] = None
+    except (ValueError, RuntimeError) as error:
+        errors[name] = f"{type(error).__name__}: {error}"
+result["errors"] = errors
+result["after"] = gather(torch.tensor([rank])).tolist()  # the group still works after the errors
+(out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+state.destroy_process_group()

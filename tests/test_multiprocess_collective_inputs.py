@@ -1,0 +1,45 @@
+"""Collectives on 2 processes with awkward inputs, and shape/dtype/operation mismatches as errors by default."""
+
+import pytest
+
+from conftest import launch_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return launch_ranks("mp_collective_inputs.py", tmp_path_factory.mktemp("inputs"))
+
+
+def test_gather_of_awkward_tensors_is_the_same_on_every_rank(ranks):
+    assert ranks[0]["gather"] == ranks[1]["gather"]
+    gathered = ranks[0]["gather"]
+    assert gathered["grad"][:2] == [[4, 3], "torch.float32"] and gathered["grad"][3] is False  # no graph leaks out
+    assert gathered["grad"][2] == [[2.0] * 3] * 2 + [[4.0] * 3] * 2
+    assert gathered["t"][0] == [6, 2] and gathered["t"][2][3] == [1.0, 4.0]  # non-contiguous input, rank 1's rows
+    assert gathered["scalar"][:3] == [[2], "torch.int64", [0, 1]]  # 0-d becomes 1-d
+    assert gathered["empty"][:3] == [[0, 4], "torch.float32", []]
+    assert gathered["ints"][:3] == [[2], "torch.int32", [0, 1]]  # mixed dtypes keep their own
+
+
+def test_every_reduction(ranks):
+    for rank in (0, 1):
+        assert ranks[rank]["reduce"] == {"sum": [3.0, -5.0], "mean": [1.5, -2.5], "max": [2.0, -2.0], "min": [1.0, -3.0],
+                                         "product": [2.0, 6.0], "int_mean": [1.5], "0d": 2.0}
+        assert ranks[rank]["broadcast"] == [6.0, 6.0, 6.0]  # a non-contiguous tensor is updated in place
+        assert ranks[rank]["pad"] == 2
+
+
+def test_mismatches_raise_one_sentence_on_every_rank_without_debug_mode(ranks):
+    assert ranks[0]["errors"] == ranks[1]["errors"]
+    errors = ranks[0]["errors"]
+    assert errors["same_count"] == (
+        "ValueError: gather needs the same shape and dtype on every process, got rank 0: (4,) float32 at "
+        "mp_collective_inputs.py:35, rank 1: (2, 2) float32 at mp_collective_inputs.py:35; use pad_across_processes "
+        "first or gather_object for ragged data.")
+    assert "rank 0: (4,) float32" in errors["different_count"] and "rank 1: (5,) float32" in errors["different_count"]
+    assert "rank 0: (3,) float32" in errors["dtype"] and "rank 1: (3,) float64" in errors["dtype"]
+    assert errors["different_ops"].startswith("RuntimeError: the processes called different collectives: "
+                                              "rank 0 in gather at mp_collective_inputs.py:38, rank 1 in reduce")
+    assert ranks[0]["after"] == [0, 1]  # the process group still works after the errors
