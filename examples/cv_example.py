@@ -51,6 +51,7 @@ for GPUs.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -64,7 +65,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
-from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration, set_seed
+from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration, ThroughputMeter, set_seed
+from hasten.logging import get_logger
+from hasten.tracking import available_trackers
+
+logger = get_logger(__name__)  # records print once (main process), not once per process
 
 SPLIT_SEED = 0  # fixed: the validation set is the same whatever --seed is
 MIN_ACCURACY = 0.95  # below this the script exits with status 1
@@ -91,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=42, help="seed for model init, shuffling and dropout (default: 42)")
     parser.add_argument("--output_dir", default=None, help="if given, save model.safetensors there at the end")
+    parser.add_argument("--logging_dir", default="runs/cv_example", help="where the metrics are written")
     parser.add_argument("--project_dir", default=None,
                         help="if given, checkpoint every epoch under DIR/checkpoints and resume from the newest one")
     parser.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
@@ -156,16 +162,20 @@ def evaluate(accelerator: Accelerator, model: nn.Module, eval_dl: DataLoader) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
+    logging.basicConfig(format="%(message)s", level=logging.INFO)
 
-    checkpoints = None
-    if args.project_dir is not None:  # keep the 2 newest; resume inside an interrupted epoch
-        checkpoints = ProjectConfiguration(args.project_dir, automatic_checkpoint_naming=True, total_limit=2)
+    # Checkpoints only with --project_dir (keep the 2 newest; resume inside an interrupted epoch);
+    # metrics always: TensorBoard when it is installed, JSON lines otherwise.
+    checkpointing = args.project_dir is not None
+    project = ProjectConfiguration(args.project_dir, logging_dir=args.logging_dir,
+                                   automatic_checkpoint_naming=checkpointing, total_limit=2)
     accelerator = Accelerator(
         cpu=True if args.cpu else None,  # None: whatever the launcher said
         mixed_precision=args.mixed_precision,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        project_config=checkpoints,
+        project_config=project,
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+        log_with="tensorboard" if "tensorboard" in available_trackers() else "jsonl",
     )
     set_seed(args.seed)  # same seed on every process: identical initial weights
 
@@ -206,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(global batch {global_batch * accumulation} per optimizer step); validation: {len(eval_ds)} images"
     )
 
-    if checkpoints is not None:
+    accelerator.init_trackers("cv_example", config=vars(args))
+    meter = ThroughputMeter(world_size=accelerator.num_processes)
+    if checkpointing:
         accelerator.load_state()  # the newest complete checkpoint, if any: model, optimizer, data position, RNG
 
     accuracy, seen = 0.0, 0
@@ -231,14 +243,19 @@ def main(argv: list[str] | None = None) -> int:
                 scheduler.step()
                 optimizer.zero_grad()
             loss_sum += loss.detach()
+            meter.step(samples=len(labels))
+            if progress.n % 5 == 0:
+                progress.set_postfix(samples_per_sec=f"{meter.compute().get('samples_per_sec', 0):.0f}", refresh=False)
         train_loss = accelerator.reduce(loss_sum / len(train_dl), reduction="mean").item()
 
         accuracy, seen = evaluate(accelerator, model, eval_dl)
-        accelerator.print(
+        logger.info(
             f"epoch {epoch + 1:2d}/{args.epochs}: train loss {train_loss:.4f}, "
             f"validation accuracy {accuracy:.4f} ({seen} samples), lr {scheduler.get_last_lr()[0]:.2e}"
         )
-        if checkpoints is not None:
+        accelerator.log({"train_loss": train_loss, "val_accuracy": accuracy, "lr": scheduler.get_last_lr()[0],
+                         **meter.compute()}, step=epoch)
+        if checkpointing:
             accelerator.save_state()
 
     if seen == 0:  # resumed after the last epoch: nothing left to train

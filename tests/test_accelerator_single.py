@@ -203,8 +203,8 @@ def test_single_process_collectives_are_identity():
     assert acc.gather_for_metrics(torch.arange(5)).tolist() == list(range(5))
     assert acc.gather_object(["x"]) == ["x"]
     assert acc.reduce(torch.tensor([2.0]), "mean").tolist() == [2.0]
-    with pytest.raises(ValueError, match="reduction='max' is not one of"):
-        acc.reduce(torch.tensor([2.0]), "max")
+    with pytest.raises(ValueError, match="reduction='median' is not one of"):
+        acc.reduce(torch.tensor([2.0]), "median")
 
 
 def test_partial_state_without_accelerator():

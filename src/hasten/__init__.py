@@ -28,8 +28,10 @@ _EXPORTS = {
     "DistributedDataParallelKwargs": "options",
     "InitProcessGroupKwargs": "options",
     "GradScalerKwargs": "options",
+    "ProfileKwargs": "options",
     "ProjectConfiguration": "checkpointing.project",
     "set_seed": "seeding",
+    "ThroughputMeter": "throughput",
     "skip_first_batches": "data",
     "notebook_launcher": "launch.notebook",
     "debug_launcher": "launch.notebook",
@@ -63,8 +65,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
         GradientAccumulationPlugin,
         GradScalerKwargs,
         InitProcessGroupKwargs,
+        ProfileKwargs,
     )
     from .checkpointing.project import ProjectConfiguration
     from .seeding import set_seed
+    from .throughput import ThroughputMeter
     from .state import PartialState
     from .topology import ProcessTopology

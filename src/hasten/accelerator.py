@@ -33,6 +33,7 @@ from .options import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    ProfileKwargs,
     split_kwargs_handlers,
 )
 from .precision import make_precision_policy
@@ -150,6 +151,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         scaler_kwargs = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs()
         self.precision = make_precision_policy(precision, self.device, scaler_kwargs)
         self.scaler = self.precision.scaler
+        self.profile_handler: ProfileKwargs | None = handlers.get(ProfileKwargs)
         ddp_kwargs = handlers.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs()).to_kwargs()
         self.strategy = select_strategy(self.device, self.num_processes, ddp_kwargs)
 
@@ -445,6 +447,24 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
         """Run a block (e.g. a loss computed outside the model) under the mixed precision policy."""
         return self.precision.autocast(enabled)
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with torch.profiler; with `output_trace_dir`, each process writes ``profile_<rank>.json``.
+
+        Example:
+            >>> import tempfile
+            >>> accelerator = Accelerator(cpu=True)
+            >>> with accelerator.profile(ProfileKwargs(output_trace_dir=tempfile.mkdtemp())) as prof:
+            ...     _ = torch.ones(8) * 2
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None and handler.on_trace_ready is None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
+        self.wait_for_everyone()
 
     # -- collectives ---------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:

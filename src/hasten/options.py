@@ -14,6 +14,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "InitProcessGroupKwargs",
     "GradScalerKwargs",
+    "ProfileKwargs",
 ]
 
 
@@ -117,9 +118,55 @@ class GradScalerKwargs(_KwargsHandler):
     enabled: bool = True
 
 
+@dataclass
+class ProfileKwargs(_KwargsHandler):
+    """Settings of `Accelerator.profile()` (torch.profiler underneath).
+
+    `activities`: ``["cpu", "cuda", ...]`` (default: CPU, plus CUDA when
+    present); `schedule_option`: ``{"wait", "warmup", "active", "repeat",
+    "skip_first"}`` for `torch.profiler.schedule`; `output_trace_dir`: where
+    each process writes ``profile_<rank>.json`` (a Chrome trace).
+
+    Example:
+        >>> ProfileKwargs(record_shapes=True, output_trace_dir="traces").to_kwargs()
+        {'record_shapes': True, 'output_trace_dir': 'traces'}
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def build(self) -> Any:
+        """The `torch.profiler.profile` these settings describe."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        names = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
+        wanted = self.activities or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+        unknown = [a for a in wanted if a not in names or not hasattr(ProfilerActivity, names[a])]
+        if unknown:
+            raise ValueError(f"ProfileKwargs(activities=...) got {unknown}; use some of {sorted(names)}.")
+        return profile(
+            activities=[getattr(ProfilerActivity, names[a]) for a in wanted],
+            schedule=schedule(**self.schedule_option) if self.schedule_option else None,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
 def split_kwargs_handlers(handlers: list[Any] | None) -> dict[type, Any]:
     """Index handlers by type, refusing duplicates and unknown objects with one sentence."""
-    known = (DistributedDataParallelKwargs, InitProcessGroupKwargs, GradScalerKwargs)
+    known = (DistributedDataParallelKwargs, InitProcessGroupKwargs, GradScalerKwargs, ProfileKwargs)
     found: dict[type, Any] = {}
     for handler in handlers or []:
         kind = type(handler)

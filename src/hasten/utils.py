@@ -40,9 +40,11 @@ from .options import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    ProfileKwargs,
 )
 from .saving import load, save
 from .seeding import set_seed
+from .throughput import ThroughputMeter, count_flops_per_sample, peak_flops
 
 __all__ = [
     "broadcast",
@@ -60,9 +62,13 @@ __all__ = [
     "GradientAccumulationPlugin",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
+    "ProfileKwargs",
     "save",
     "load",
     "set_seed",
+    "ThroughputMeter",
+    "count_flops_per_sample",
+    "peak_flops",
     "ProjectConfiguration",
     "load_checkpoint_in_model",
     "MODEL_NAME",

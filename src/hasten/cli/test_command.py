@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 
@@ -23,10 +22,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import selftest
     from .main import main
 
     argv = ["launch"]
     if args.config_file:
         argv += ["--config_file", args.config_file]
-    return main([*argv, *args.launch_flags, str(Path(selftest.__file__))])
+    # as a module: run as a path, its folder (hasten/) would come first on sys.path and
+    # hasten/logging.py would shadow the standard library's logging
+    return main([*argv, *args.launch_flags, "-m", "hasten.selftest"])
