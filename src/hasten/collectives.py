@@ -26,6 +26,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import watchdog
+
 __all__ = [
     "recursively_apply",
     "send_to_device",
@@ -179,8 +181,12 @@ def gather(data: Any) -> Any:
     """
     if not _distributed():
         return data
-    check_same_everywhere("gather", data)
-    return recursively_apply(_gather_one, data)
+    watchdog.enter("gather")
+    try:
+        check_same_everywhere("gather", data)
+        return recursively_apply(_gather_one, data)
+    finally:
+        watchdog.leave()
 
 
 def gather_object(obj: Any) -> list[Any]:
@@ -193,7 +199,11 @@ def gather_object(obj: Any) -> list[Any]:
     if not _distributed():
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
+    watchdog.enter("gather_object")
+    try:
+        dist.all_gather_object(gathered, obj)
+    finally:
+        watchdog.leave()
     if isinstance(obj, (list, tuple)):
         return [item for part in gathered for item in part]
     return gathered
@@ -226,9 +236,14 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
             out = out * scale
         return out
 
-    if distributed:
+    if not distributed:
+        return recursively_apply(reduce_one, data)
+    watchdog.enter("reduce")
+    try:
         check_same_everywhere("reduce", data)
-    return recursively_apply(reduce_one, data)
+        return recursively_apply(reduce_one, data)
+    finally:
+        watchdog.leave()
 
 
 def broadcast(data: Any, from_process: int = 0) -> Any:
@@ -240,8 +255,15 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """
     if not _distributed():
         return data
-    check_same_everywhere("broadcast", data)
+    watchdog.enter("broadcast")
+    try:
+        check_same_everywhere("broadcast", data)
+        return recursively_apply(_broadcast_one(from_process), data)
+    finally:
+        watchdog.leave()
 
+
+def _broadcast_one(from_process: int) -> Callable[[torch.Tensor], torch.Tensor]:
     def broadcast_one(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.is_contiguous():
             dist.broadcast(tensor, src=from_process)
@@ -252,7 +274,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
             tensor.copy_(staged)
         return tensor
 
-    return recursively_apply(broadcast_one, data)
+    return broadcast_one
 
 
 def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any]:
@@ -263,7 +285,11 @@ def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any
         [1, 'a']
     """
     if _distributed():
-        dist.broadcast_object_list(objects, src=from_process)
+        watchdog.enter("broadcast_object_list")
+        try:
+            dist.broadcast_object_list(objects, src=from_process)
+        finally:
+            watchdog.leave()
     return objects
 
 
@@ -276,9 +302,15 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     """
     if not _distributed():
         return data
+    watchdog.enter("pad_across_processes")
+    try:
+        check_same_everywhere("pad_across_processes", data, ignore_dim=dim)
+        return recursively_apply(_pad_one(dim, pad_index, pad_first), data)
+    finally:
+        watchdog.leave()
 
-    check_same_everywhere("pad_across_processes", data, ignore_dim=dim)
 
+def _pad_one(dim: int, pad_index: int, pad_first: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     def pad_one(tensor: torch.Tensor) -> torch.Tensor:
         if dim >= tensor.ndim or dim < -tensor.ndim:
             return tensor
@@ -296,7 +328,7 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
         out[tuple(index)] = tensor
         return out
 
-    return recursively_apply(pad_one, data)
+    return pad_one
 
 
 def share_bounds(length: int, index: int, count: int) -> tuple[int, int]:

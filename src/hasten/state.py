@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
+from . import watchdog
 from .launch_spec import LaunchSpec
 from .topology import ProcessTopology, backend_for_device, select_device
 
@@ -87,6 +88,22 @@ def _init_process_group(topology: ProcessTopology, backend: str, timeout: timede
     atexit.register(_shutdown_at_exit)
 
 
+_watchdog_started = False
+
+
+def _start_watchdog() -> None:
+    """One deadlock watchdog per process (see `hasten.watchdog`), on the default group's store."""
+    global _watchdog_started
+    if _watchdog_started:
+        return
+    _watchdog_started = True
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):  # a group without a store (e.g. created from a custom backend)
+        return
+    watchdog.start(store, dist.get_rank(), dist.get_world_size())
+
+
 def _topology_from_group() -> ProcessTopology:
     """Topology of a process group the user created before hasten was used."""
     env_topology = ProcessTopology.from_env()
@@ -151,6 +168,8 @@ class PartialState:
                 "the process group uses gloo but this process computes on CUDA; "
                 "pass cpu=True or create the process group with backend='nccl'."
             )
+        if self.topology.is_distributed:
+            _start_watchdog()
 
     # -- who am I -----------------------------------------------------------
     @property
@@ -189,11 +208,15 @@ class PartialState:
         (not one here and another in a gather), and says where each is if not.
         """
         if self.use_distributed:
-            if self.debug:
-                from .collectives import check_same_everywhere
+            watchdog.enter("wait_for_everyone")
+            try:
+                if self.debug:
+                    from .collectives import check_same_everywhere
 
-                check_same_everywhere("wait_for_everyone", None)
-            dist.barrier()
+                    check_same_everywhere("wait_for_everyone", None)
+                dist.barrier()
+            finally:
+                watchdog.leave()
 
     @contextlib.contextmanager
     def _first(self, leader: bool) -> Iterator[None]:

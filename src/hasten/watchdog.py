@@ -1,0 +1,115 @@
+"""A certain deadlock ends the run in seconds, saying where each process waits.
+
+Every explicit hasten collective (gather, reduce, broadcast, pad, the
+object collectives, wait_for_everyone, ...) marks this process as waiting
+in it: (number of this process's collectives so far, operation, caller's
+frame). That costs a tuple assignment. A daemon thread looks once a second;
+when this process has waited more than a few seconds it publishes where in
+the rendezvous store (which every process already shares), and reads where
+the others are. If *every* process waits in a hasten collective and they
+are not the same one (another operation, or another call number), no
+process can ever move: on two looks in a row, each process prints its
+Python stacks and ends with a one-line summary that the launcher shows,
+e.g. ``rank 0 waits in wait_for_everyone at train.py:37 (collective #5)
+while rank 1 waits in gather at train.py:42 (collective #5)``.
+
+A process busy elsewhere (computing, or in a collective of torch's own such
+as DDP's gradient all-reduce) is never part of a verdict: a slow process is
+not a deadlock, and is left to the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+__all__ = ["enter", "leave", "start", "CollectiveDeadlock"]
+
+_PUBLISH_AFTER = 2.0  # seconds waiting before a process tells the others where it is
+_LOOK_EVERY = 1.0
+
+_count = 0
+_current: tuple[int, str, FrameType | None, float] | None = None  # (number, operation, caller frame, since)
+
+
+class CollectiveDeadlock(RuntimeError):
+    """The processes wait in different collectives: none can ever continue."""
+
+
+def enter(operation: str) -> None:
+    """Mark this process as waiting in `operation` (called at the start of every explicit collective)."""
+    global _count, _current
+    _count += 1
+    _current = (_count, operation, sys._getframe(2), time.monotonic())
+
+
+def leave() -> None:
+    global _current
+    _current = None
+
+
+def _site(frame: FrameType | None) -> str:
+    package = os.path.dirname(os.path.abspath(__file__))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+    return "?" if frame is None else f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def start(store: Any, rank: int, world_size: int) -> threading.Thread | None:
+    """Start this process's watchdog thread (once per process; needs the process group's store)."""
+    if store is None or world_size < 2 or os.environ.get("HASTEN_WATCHDOG", "1") == "0":
+        return None
+    thread = threading.Thread(target=_watch, args=(store, rank, world_size), name="hasten-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def _watch(store: Any, rank: int, world_size: int) -> None:
+    published: str | None = None
+    suspicious = 0
+    while True:
+        time.sleep(_LOOK_EVERY)
+        current = _current
+        waiting = current is not None and time.monotonic() - current[3] > _PUBLISH_AFTER
+        state = json.dumps({"n": current[0], "op": current[1], "site": _site(current[2])} if waiting and current else None)
+        try:
+            if state != published:
+                store.set(f"hasten/watchdog/{rank}", state)
+                published = state
+            if not waiting:
+                suspicious = 0
+                continue
+            others = [json.loads(store.get(f"hasten/watchdog/{r}")) if store.check([f"hasten/watchdog/{r}"]) else None
+                      for r in range(world_size)]
+        except Exception:  # noqa: BLE001 - the store is gone (the run is ending): nothing to watch
+            return
+        everyone_waits = all(o is not None for o in others)
+        disagree = len({(o["n"], o["op"]) for o in others if o is not None}) > 1
+        suspicious = suspicious + 1 if everyone_waits and disagree else 0
+        if suspicious >= 2:
+            _report(rank, others)
+
+
+def _report(rank: int, where: list[dict[str, Any]]) -> None:
+    import traceback
+
+    from .launch.worker import _is_hidden, exit_now, record_failure
+
+    parts = [f"rank {r} waits in {w['op']} at {w['site']} (collective #{w['n']})" for r, w in enumerate(where)]
+    summary = "the processes wait in different collectives, so none can continue: " + " while ".join(parts)
+    stacks = []
+    for thread_id, frame in sys._current_frames().items():
+        if thread_id == threading.get_ident():
+            continue  # this watchdog
+        entries = [e for e in traceback.extract_stack(frame) if not _is_hidden(e.filename)]
+        stacks.append("".join(traceback.format_list(entries)))
+    sys.stderr.write(f"[hasten] rank {rank} is stuck here:\n" + "\n".join(stacks))  # one write: no interleaving
+    sys.stderr.flush()
+    time.sleep(0.5)  # every process prints its stacks before the first exit makes the launcher stop the others
+    record_failure(CollectiveDeadlock(summary))
+    exit_now(1)
