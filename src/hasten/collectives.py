@@ -181,12 +181,9 @@ def gather(data: Any) -> Any:
     """
     if not _distributed():
         return data
-    watchdog.enter("gather")
-    try:
+    with watchdog.waiting("gather"):
         check_same_everywhere("gather", data)
         return recursively_apply(_gather_one, data)
-    finally:
-        watchdog.leave()
 
 
 def gather_object(obj: Any) -> list[Any]:
@@ -199,11 +196,8 @@ def gather_object(obj: Any) -> list[Any]:
     if not _distributed():
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
     gathered: list[Any] = [None] * dist.get_world_size()
-    watchdog.enter("gather_object")
-    try:
+    with watchdog.waiting("gather_object"):
         dist.all_gather_object(gathered, obj)
-    finally:
-        watchdog.leave()
     if isinstance(obj, (list, tuple)):
         return [item for part in gathered for item in part]
     return gathered
@@ -238,12 +232,9 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
     if not distributed:
         return recursively_apply(reduce_one, data)
-    watchdog.enter("reduce")
-    try:
+    with watchdog.waiting("reduce"):
         check_same_everywhere("reduce", data)
         return recursively_apply(reduce_one, data)
-    finally:
-        watchdog.leave()
 
 
 def broadcast(data: Any, from_process: int = 0) -> Any:
@@ -255,12 +246,9 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """
     if not _distributed():
         return data
-    watchdog.enter("broadcast")
-    try:
+    with watchdog.waiting("broadcast"):
         check_same_everywhere("broadcast", data)
         return recursively_apply(_broadcast_one(from_process), data)
-    finally:
-        watchdog.leave()
 
 
 def _broadcast_one(from_process: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -285,11 +273,8 @@ def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any
         [1, 'a']
     """
     if _distributed():
-        watchdog.enter("broadcast_object_list")
-        try:
+        with watchdog.waiting("broadcast_object_list"):
             dist.broadcast_object_list(objects, src=from_process)
-        finally:
-            watchdog.leave()
     return objects
 
 
@@ -302,12 +287,9 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     """
     if not _distributed():
         return data
-    watchdog.enter("pad_across_processes")
-    try:
+    with watchdog.waiting("pad_across_processes"):
         check_same_everywhere("pad_across_processes", data, ignore_dim=dim)
         return recursively_apply(_pad_one(dim, pad_index, pad_first), data)
-    finally:
-        watchdog.leave()
 
 
 def _pad_one(dim: int, pad_index: int, pad_first: bool) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -208,15 +208,12 @@ class PartialState:
         (not one here and another in a gather), and says where each is if not.
         """
         if self.use_distributed:
-            watchdog.enter("wait_for_everyone")
-            try:
+            with watchdog.waiting("wait_for_everyone"):
                 if self.debug:
                     from .collectives import check_same_everywhere
 
                     check_same_everywhere("wait_for_everyone", None)
                 dist.barrier()
-            finally:
-                watchdog.leave()
 
     @contextlib.contextmanager
     def _first(self, leader: bool) -> Iterator[None]:

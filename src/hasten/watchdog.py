@@ -28,10 +28,11 @@ import time
 from types import FrameType
 from typing import Any
 
-__all__ = ["enter", "leave", "start", "CollectiveDeadlock"]
+__all__ = ["waiting", "enter", "leave", "start", "CollectiveDeadlock"]
 
 _PUBLISH_AFTER = 2.0  # seconds waiting before a process tells the others where it is
 _LOOK_EVERY = 1.0
+_VERDICT = "hasten/watchdog/verdict"
 
 _count = 0
 _current: tuple[int, str, FrameType | None, float] | None = None  # (number, operation, caller frame, since)
@@ -41,16 +42,31 @@ class CollectiveDeadlock(RuntimeError):
     """The processes wait in different collectives: none can ever continue."""
 
 
-def enter(operation: str) -> None:
+def enter(operation: str, depth: int = 2) -> None:
     """Mark this process as waiting in `operation` (called at the start of every explicit collective)."""
     global _count, _current
     _count += 1
-    _current = (_count, operation, sys._getframe(2), time.monotonic())
+    _current = (_count, operation, sys._getframe(depth), time.monotonic())
 
 
 def leave() -> None:
     global _current
     _current = None
+
+
+class waiting:  # noqa: N801 - used like a function: `with waiting("gather"):`
+    """Context manager: this process waits in `operation` for the duration of the block."""
+
+    __slots__ = ("operation",)
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+
+    def __enter__(self) -> None:
+        enter(self.operation, depth=3)
+
+    def __exit__(self, *exc: object) -> None:
+        leave()
 
 
 def _site(frame: FrameType | None) -> str:
@@ -84,6 +100,8 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
             if not waiting:
                 suspicious = 0
                 continue
+            if store.check([_VERDICT]):  # another process found the deadlock first: report it too, at once
+                _report(rank, store.get(_VERDICT).decode(), store)
             others = [json.loads(store.get(f"hasten/watchdog/{r}")) if store.check([f"hasten/watchdog/{r}"]) else None
                       for r in range(world_size)]
         except Exception:  # noqa: BLE001 - the store is gone (the run is ending): nothing to watch
@@ -92,16 +110,23 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
         disagree = len({(o["n"], o["op"]) for o in others if o is not None}) > 1
         suspicious = suspicious + 1 if everyone_waits and disagree else 0
         if suspicious >= 2:
-            _report(rank, others)
+            _report(rank, _summary(others), store)
 
 
-def _report(rank: int, where: list[dict[str, Any]]) -> None:
+def _summary(where: list[dict[str, Any]]) -> str:
+    parts = [f"rank {r} waits in {w['op']} at {w['site']} (collective #{w['n']})" for r, w in enumerate(where)]
+    return "the processes wait in different collectives, so none can continue: " + " while ".join(parts)
+
+
+def _report(rank: int, summary: str, store: Any) -> None:
     import traceback
 
     from .launch.worker import _is_hidden, exit_now, record_failure
 
-    parts = [f"rank {r} waits in {w['op']} at {w['site']} (collective #{w['n']})" for r, w in enumerate(where)]
-    summary = "the processes wait in different collectives, so none can continue: " + " while ".join(parts)
+    try:
+        store.set(_VERDICT, summary)  # the other processes report at their next look, within a second
+    except Exception:  # noqa: BLE001
+        pass
     stacks = []
     for thread_id, frame in sys._current_frames().items():
         if thread_id == threading.get_ident():
@@ -110,6 +135,6 @@ def _report(rank: int, where: list[dict[str, Any]]) -> None:
         stacks.append("".join(traceback.format_list(entries)))
     sys.stderr.write(f"[hasten] rank {rank} is stuck here:\n" + "\n".join(stacks))  # one write: no interleaving
     sys.stderr.flush()
-    time.sleep(0.5)  # every process prints its stacks before the first exit makes the launcher stop the others
+    time.sleep(2 * _LOOK_EVERY)  # every process prints its stacks before the first exit makes the launcher stop the others
     record_failure(CollectiveDeadlock(summary))
     exit_now(1)
