@@ -27,3 +27,15 @@ def test_skipped_barrier_ends_in_seconds_naming_both_ranks():
 def test_a_slow_rank_is_not_a_deadlock():
     result = launch("mp_slow_rank.py", num_processes=2, timeout=90)
     assert result.stdout.count("DONE 2.0") == 2
+
+
+def test_a_plain_stall_is_reported_at_the_timeout_with_where_each_rank_was():
+    # rank 1 computes for 30 s while rank 0 waits in a gather; the group's timeout is 8 s
+    started = time.monotonic()
+    result = launch("mp_stall.py", num_processes=2, check=False, timeout=90)
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1 and "UNREACHABLE" not in result.stdout
+    summary = [line for line in result.stderr.splitlines() if line.startswith("hasten launch:")]
+    assert len(summary) == 1 and "CollectiveTimeout: gather timed out" in summary[0], result.stderr
+    assert ("rank 0 waits in gather at mp_stall.py:13 (collective #1); rank 1 is elsewhere (computing, or in a "
+            "collective of torch's own)") in summary[0]

@@ -11,7 +11,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -22,7 +22,6 @@ from .checkpointing.api import CheckpointingMixin
 from .checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
 from .checkpointing.project import ProjectConfiguration
 from .tracking.api import TrackingMixin
-from .data import PreparedDataLoader, prepare_data_loader, skip_first_batches
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
 from .optimizer import AcceleratedOptimizer
@@ -41,6 +40,9 @@ from .saving import save as _save
 from .scheduler import AcceleratedScheduler
 from .state import PartialState, shutdown_process_group
 from .strategies import select_strategy
+
+if TYPE_CHECKING:
+    from .data import PreparedDataLoader
 
 __all__ = ["Accelerator"]
 
@@ -305,6 +307,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         """Shard the loader across processes and move its batches to the device (see `hasten.data`)."""
         self._refuse_prepared(data_loader)
         place = self.device_placement if device_placement is None else device_placement
+        from .data import prepare_data_loader  # imported on first use: `from hasten import Accelerator` stays fast
+
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
@@ -547,6 +551,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A loader that starts after `num_batches` batches (to resume mid-epoch)."""
+        from .data import skip_first_batches
+
         return skip_first_batches(dataloader, num_batches)
 
     def free_memory(self, *objects: Any) -> list[None]:

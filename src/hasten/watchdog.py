@@ -28,7 +28,7 @@ import time
 from types import FrameType
 from typing import Any
 
-__all__ = ["waiting", "enter", "leave", "start", "CollectiveDeadlock"]
+__all__ = ["waiting", "enter", "leave", "start", "CollectiveDeadlock", "CollectiveTimeout"]
 
 _PUBLISH_AFTER = 2.0  # seconds waiting before a process tells the others where it is
 _LOOK_EVERY = 1.0
@@ -40,6 +40,36 @@ _current: tuple[int, str, FrameType | None, float] | None = None  # (number, ope
 
 class CollectiveDeadlock(RuntimeError):
     """The processes wait in different collectives: none can ever continue."""
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective reached the process group's timeout; the message says where every process was."""
+
+
+def _is_timeout(error: BaseException) -> bool:
+    text = str(error).lower()
+    return "timed out" in text or "timeout" in text
+
+
+_store: Any = None
+_world_size = 0
+
+
+def _published_states() -> list[dict[str, Any] | None]:
+    """What every process last published (None for a process that was not waiting in a hasten collective)."""
+    if _store is None:
+        return []
+    try:
+        return [json.loads(_store.get(f"hasten/watchdog/{r}")) if _store.check([f"hasten/watchdog/{r}"]) else None
+                for r in range(_world_size)]
+    except Exception:  # noqa: BLE001 - the store may be gone too
+        return []
+
+
+def _describe_states(where: list[dict[str, Any] | None]) -> str:
+    parts = [f"rank {r} waits in {w['op']} at {w['site']} (collective #{w['n']})" if w else f"rank {r} is elsewhere "
+             "(computing, or in a collective of torch's own)" for r, w in enumerate(where)]
+    return "; ".join(parts)
 
 
 def enter(operation: str, depth: int = 2) -> None:
@@ -65,8 +95,13 @@ class waiting:  # noqa: N801 - used like a function: `with waiting("gather"):`
     def __enter__(self) -> None:
         enter(self.operation, depth=3)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         leave()
+        if exc is not None and _is_timeout(exc):
+            where = _published_states()
+            if where:  # a plain stall reached the process group's timeout: say where every process was
+                raise CollectiveTimeout(f"{self.operation} timed out ({str(exc).splitlines()[0][:200]}); "
+                                        f"{_describe_states(where)}") from exc
 
 
 def _site(frame: FrameType | None) -> str:
@@ -78,8 +113,10 @@ def _site(frame: FrameType | None) -> str:
 
 def start(store: Any, rank: int, world_size: int) -> threading.Thread | None:
     """Start this process's watchdog thread (once per process; needs the process group's store)."""
+    global _store, _world_size
     if store is None or world_size < 2 or os.environ.get("HASTEN_WATCHDOG", "1") == "0":
         return None
+    _store, _world_size = store, world_size
     thread = threading.Thread(target=_watch, args=(store, rank, world_size), name="hasten-watchdog", daemon=True)
     thread.start()
     return thread

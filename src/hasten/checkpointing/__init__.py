@@ -15,27 +15,40 @@ Example:
     'model.safetensors'
 """
 
+import importlib
 from typing import Any
 
-import torch
-
-from .commit import CheckpointError
 from .constants import *  # noqa: F403 - the file-name constants, at Accelerate's import path
 from .constants import CUSTOM_STATE_NAME, __all__ as _constants
-from .model_files import load_checkpoint_in_model
-from .preemption import EXIT_PREEMPTED, Preempted
-from .project import ProjectConfiguration
-from .rng import capture_rng_state, restore_rng_state
 
-__all__ = [*_constants, "CheckpointError", "EXIT_PREEMPTED", "Preempted", "ProjectConfiguration",
-           "load_checkpoint_in_model", "save_custom_state", "load_custom_state", "capture_rng_state", "restore_rng_state"]
+# name -> submodule; imported on first use, so `import hasten` / `from hasten import Accelerator` stay fast
+_LAZY = {
+    "CheckpointError": "commit",
+    "EXIT_PREEMPTED": "preemption",
+    "Preempted": "preemption",
+    "ProjectConfiguration": "project",
+    "load_checkpoint_in_model": "model_files",
+    "capture_rng_state": "rng",
+    "restore_rng_state": "rng",
+}
+
+__all__ = [*_constants, *_LAZY, "save_custom_state", "load_custom_state"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hasten.checkpointing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 
 def save_custom_state(obj: Any, path: str, index: int = 0, save_on_each_node: bool = False) -> None:
     """Write ``obj.state_dict()`` to ``path/custom_checkpoint_<index>.pkl`` (what `save_state` does per registered object).
 
     Example:
-        >>> import tempfile
+        >>> import tempfile, torch
         >>> folder = tempfile.mkdtemp()
         >>> save_custom_state(torch.nn.Linear(1, 1), folder)
         >>> load_custom_state(torch.nn.Linear(1, 1), folder)
@@ -47,4 +60,6 @@ def save_custom_state(obj: Any, path: str, index: int = 0, save_on_each_node: bo
 
 def load_custom_state(obj: Any, path: str, index: int = 0) -> None:
     """Load ``path/custom_checkpoint_<index>.pkl`` into `obj` (read with ``weights_only=True``)."""
+    import torch
+
     obj.load_state_dict(torch.load(f"{path}/{CUSTOM_STATE_NAME}_{index}.pkl", map_location="cpu", weights_only=True))

@@ -11,9 +11,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .model_files import write_model_files
 from .project import ProjectConfiguration
-from .state import load_checkpoint, save_checkpoint
 
 __all__ = ["CheckpointingMixin"]
 
@@ -113,6 +111,8 @@ class CheckpointingMixin:
         if save_model_func_kwargs:
             raise TypeError(f"save_state got unexpected keyword arguments {sorted(save_model_func_kwargs)}; "
                             "hasten's save_state takes output_dir and safe_serialization.")
+        from .state import save_checkpoint
+
         return str(save_checkpoint(self, None if output_dir is None else os.fspath(output_dir), safe_serialization))
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, **load_model_func_kwargs: Any) -> str | None:
@@ -138,6 +138,8 @@ class CheckpointingMixin:
         if load_model_func_kwargs:
             raise TypeError(f"load_state got unexpected keyword arguments {sorted(load_model_func_kwargs)}; "
                             "hasten's load_state takes input_dir only.")
+        from .state import load_checkpoint
+
         path = load_checkpoint(self, None if input_dir is None else os.fspath(input_dir),
                                on_missing_rng=lambda message: print(f"hasten: {message}", flush=True))
         if input_dir is None:  # automatic resume: say what happened
@@ -171,6 +173,8 @@ class CheckpointingMixin:
             >>> import os; os.listdir(folder)
             ['model.safetensors']
         """
+        from .model_files import write_model_files
+
         state = self.get_state_dict(model)
         if self.is_main_process:
             if os.path.isfile(save_directory):
