@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import signal
 import shlex
 import subprocess
 import sys
@@ -43,14 +44,20 @@ def clean_env(tmp_path: Path, arrows: bool) -> dict[str, str]:
     return env
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Session:
     """One `hasten config` run in a pseudo-terminal."""
 
     def __init__(self, tmp_path: Path, path: Path, arrows: bool = False):
         self.transcript = io.StringIO()
+        # SIGINT back to its default: a test run started in the background (`cmd &`) inherits it
+        # ignored, and then the ^C sent through the terminal would reach nobody.
         self.child = pexpect.spawn(sys.executable, ["-m", "hasten", "config", "--config_file", str(path)],
                                    env=clean_env(tmp_path, arrows), encoding="utf-8", timeout=30,
-                                   dimensions=(60, 200))
+                                   dimensions=(60, 200), preexec_fn=_default_sigint)
         self.child.logfile_read = self.transcript
 
     def _expect(self, pattern: str) -> re.Match:

@@ -36,6 +36,6 @@ def test_a_plain_stall_is_reported_at_the_timeout_with_where_each_rank_was():
     assert time.monotonic() - started < 30
     assert result.returncode == 1 and "UNREACHABLE" not in result.stdout
     summary = [line for line in result.stderr.splitlines() if line.startswith("hasten launch:")]
-    assert len(summary) == 1 and "CollectiveTimeout: gather timed out" in summary[0], result.stderr
+    assert len(summary) == 1 and "CollectiveTimeout: gather timed out: " in summary[0], result.stderr
     assert ("rank 0 waits in gather at mp_stall.py:13 (collective #1); rank 1 is elsewhere (computing, or in a "
             "collective of torch's own)") in summary[0]

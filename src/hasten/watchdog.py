@@ -53,6 +53,7 @@ def _is_timeout(error: BaseException) -> bool:
 
 _store: Any = None
 _world_size = 0
+_rank = 0
 
 
 def _published_states() -> list[dict[str, Any] | None]:
@@ -96,12 +97,15 @@ class waiting:  # noqa: N801 - used like a function: `with waiting("gather"):`
         enter(self.operation, depth=3)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        mine = _current
         leave()
         if exc is not None and _is_timeout(exc):
             where = _published_states()
             if where:  # a plain stall reached the process group's timeout: say where every process was
-                raise CollectiveTimeout(f"{self.operation} timed out ({str(exc).splitlines()[0][:200]}); "
-                                        f"{_describe_states(where)}") from exc
+                if mine is not None:  # this process's own position, not what its watchdog last published
+                    where[_rank] = {"n": mine[0], "op": mine[1], "site": _site(mine[2])}
+                raise CollectiveTimeout(f"{self.operation} timed out: {_describe_states(where)} "
+                                        f"(torch: {str(exc).splitlines()[0][:160]})") from exc
 
 
 def _site(frame: FrameType | None) -> str:
@@ -113,10 +117,10 @@ def _site(frame: FrameType | None) -> str:
 
 def start(store: Any, rank: int, world_size: int) -> threading.Thread | None:
     """Start this process's watchdog thread (once per process; needs the process group's store)."""
-    global _store, _world_size
+    global _store, _world_size, _rank
     if store is None or world_size < 2 or os.environ.get("HASTEN_WATCHDOG", "1") == "0":
         return None
-    _store, _world_size = store, world_size
+    _store, _world_size, _rank = store, world_size, rank
     thread = threading.Thread(target=_watch, args=(store, rank, world_size), name="hasten-watchdog", daemon=True)
     thread.start()
     return thread
