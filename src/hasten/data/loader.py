@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -40,9 +40,6 @@ class LoaderCursor:
     yielded: int = 0  # batches handed out in the current pass (the look-ahead batch does not count)
     pending_skip: int = 0  # batches the next pass skips: a restored position
     training: bool = False  # backward() consumed this loader's batches: its boundaries are preemption points
-
-
-BoundaryHook = Callable[["PreparedDataLoader"], None]
 
 
 class PreparedDataLoader(DataLoader):
@@ -138,9 +135,8 @@ class PreparedDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         cursor, state = self.cursor, self.gradient_state
-        hook: BoundaryHook | None = state.boundary_hook if state is not None else None
-        if hook is not None and cursor.training:
-            hook(self)  # asked for the first batch: a preemption point
+        if state is not None and state.boundary_hook is not None and cursor.training:
+            state.boundary_hook(self)  # asked for the first batch: a preemption point
         skip = cursor.pending_skip + self.skip_batches
         self._apply_epoch()
         position = LoaderPosition(remainder=self.padded_remainder, cursor=cursor)
@@ -157,8 +153,9 @@ class PreparedDataLoader(DataLoader):
                     position.end_of_dataloader = True
                 cursor.yielded += 1
                 yield send_to_device(current, self.device, non_blocking=True) if self._move_batches else current
-                if hook is not None and cursor.training:
-                    hook(self)  # asked for the next batch: a preemption point
+                # read each time: the hook removes itself once it has nothing left to do
+                if state is not None and state.boundary_hook is not None and cursor.training:
+                    state.boundary_hook(self)  # asked for the next batch: a preemption point
                 current = following
             cursor.epoch, cursor.yielded = cursor.epoch + 1, 0
         except GeneratorExit:  # the loop broke off: the next pass starts this epoch again from its start
