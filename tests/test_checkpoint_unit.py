@@ -246,7 +246,7 @@ def test_nothing_is_unpickled_from_a_checkpoint(tmp_path):
 
 def test_hooks_take_over_models(tmp_path):
     run = make_run()
-    accelerator, model = run[0], run[1]
+    accelerator = run[0]
     calls = []
 
     def save_hook(models, weights, output_dir):

@@ -96,19 +96,6 @@ def _debug() -> bool:
     return os.environ.get("HASTEN_DEBUG", "") not in ("", "0") or LaunchSpec.from_env().debug
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _call_site() -> str:
-    """file:line of the first caller outside hasten (for error messages only)."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-    if frame is None:
-        return "?"
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
 def _leaves(data: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     recursively_apply(lambda t: found.append(t), data)
@@ -142,7 +129,7 @@ def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = No
     if int(both[0]) == -int(both[1]):
         return
     reports: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(reports, (operation, described, _call_site()))
+    dist.all_gather_object(reports, (operation, described, watchdog.call_site(sys._getframe(1))))
     operations = {report[0] for report in reports}
     if len(operations) > 1:
         listing = ", ".join(f"rank {r} in {op} at {site}" for r, (op, _, site) in enumerate(reports))

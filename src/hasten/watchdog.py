@@ -103,14 +103,17 @@ class waiting:  # noqa: N801 - used like a function: `with waiting("gather"):`
             where = _published_states()
             if where:  # a plain stall reached the process group's timeout: say where every process was
                 if mine is not None:  # this process's own position, not what its watchdog last published
-                    where[_rank] = {"n": mine[0], "op": mine[1], "site": _site(mine[2])}
+                    where[_rank] = {"n": mine[0], "op": mine[1], "site": call_site(mine[2])}
                 raise CollectiveTimeout(f"{self.operation} timed out: {_describe_states(where)} "
                                         f"(torch: {str(exc).splitlines()[0][:160]})") from exc
 
 
-def _site(frame: FrameType | None) -> str:
-    package = os.path.dirname(os.path.abspath(__file__))
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def call_site(frame: FrameType | None) -> str:
+    """file:line of the first frame at or above `frame` that is outside hasten (the user's call)."""
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
         frame = frame.f_back
     return "?" if frame is None else f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
@@ -133,7 +136,7 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
         time.sleep(_LOOK_EVERY)
         current = _current
         waiting = current is not None and time.monotonic() - current[3] > _PUBLISH_AFTER
-        state = json.dumps({"n": current[0], "op": current[1], "site": _site(current[2])} if waiting and current else None)
+        state = json.dumps({"n": current[0], "op": current[1], "site": call_site(current[2])} if waiting and current else None)
         try:
             if state != published:
                 store.set(f"hasten/watchdog/{rank}", state)

@@ -19,7 +19,8 @@ from torch import nn
 from ..saving import _safetensors_dict, atomic_write
 from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-__all__ = ["parse_size", "shard_state_dict", "write_model_files", "read_weights_file", "load_checkpoint_in_model"]
+__all__ = ["parse_size", "shard_state_dict", "write_model_files", "write_weights", "read_weights_file",
+           "load_checkpoint_in_model"]
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -71,7 +72,7 @@ def write_model_files(state: Mapping[str, torch.Tensor], directory: str | os.Pat
         if stale.match(old.name) and old.name not in names:
             old.unlink()
     for name, shard in zip(names, shards):
-        _write_weights(shard, directory / name, safe_serialization)
+        write_weights(shard, directory / name, safe_serialization)
     index = directory / index_name
     if len(shards) == 1:
         if index.exists():
@@ -84,7 +85,8 @@ def write_model_files(state: Mapping[str, torch.Tensor], directory: str | os.Pat
     return [*names, index_name]
 
 
-def _write_weights(tensors: Mapping[str, torch.Tensor], path: Path, safe_serialization: bool) -> None:
+def write_weights(tensors: Mapping[str, torch.Tensor], path: Path, safe_serialization: bool) -> None:
+    """One weights file, atomically: safetensors (tied weights cloned) or a torch file of CPU tensors."""
     if safe_serialization:
         from safetensors.torch import save_file
 

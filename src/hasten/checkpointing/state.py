@@ -14,8 +14,8 @@ any in-memory object.
 
 from __future__ import annotations
 
-import os
 import pickle
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -35,8 +35,7 @@ from .constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
-from ..saving import _UMASK
-from .model_files import read_weights_file
+from .model_files import read_weights_file, write_weights
 from .project import checkpoints_root, latest_checkpoint, rotate_checkpoints
 from .rng import capture_rng_state, restore_rng_state
 
@@ -96,15 +95,7 @@ def _write(directory: Path, name: str, obj: Any) -> tuple[str, int]:
 
 def _write_model(directory: Path, name: str, state: dict[str, torch.Tensor], safe: bool) -> tuple[str, int]:
     path = directory / name
-    if safe:
-        from safetensors.torch import save_file
-
-        from ..saving import _safetensors_dict
-
-        save_file(_safetensors_dict(state), path, metadata={"format": "pt"})
-    else:
-        torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
-    os.chmod(path, 0o666 & ~_UMASK)  # safetensors creates 0600 files; give what open() would
+    write_weights(state, path, safe)
     fsync_path(path)
     return name, path.stat().st_size
 
@@ -194,12 +185,11 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
         except OSError as failure:
             first_error = f"publishing the checkpoint failed: {failure}"
     if first_error is not None and publisher:
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, is untouched
     _agree(first_error, n)  # every process knows the outcome before going on
     if automatic:
-        rotate_checkpoints(target.parent, config.total_limit, keep=target) if publisher else None
+        if publisher:
+            rotate_checkpoints(target.parent, config.total_limit, keep=target)
         config.iteration += 1
     _barrier(n)
     return target
@@ -215,7 +205,7 @@ class CheckpointContents:
     models: list[tuple[Any, dict[str, torch.Tensor]]] = field(default_factory=list)
     optimizers: list[dict[str, Any]] = field(default_factory=list)
     schedulers: list[dict[str, Any]] = field(default_factory=list)
-    dataloaders: list[tuple[dict[str, Any], int]] = field(default_factory=list)  # (state, batches to skip)
+    dataloaders: list[dict[str, Any]] = field(default_factory=list)
     scaler: dict[str, Any] | None = None
     custom: list[dict[str, Any]] = field(default_factory=list)
     rng: dict[str, Any] | None = None
@@ -332,13 +322,14 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
     contents.schedulers = [_read(path, indexed_name(f"{SCHEDULER_NAME}.bin", i)) for i in range(len(accelerator._schedulers))]
     for i, loader in enumerate(accelerator._dataloaders):
         saved = _read(path, indexed_name(f"{SAMPLER_NAME}.bin", i))
-        try:
-            skip = loader.batches_to_skip(saved) if restore_position else 0
+        try:  # the checks load_state_dict would fail on, made now, before anything changes
+            if restore_position:
+                loader.batches_to_skip(saved)
             if loader.order is not None and saved.get("order") is not None:
                 loader.order.check_state(saved["order"])
         except ValueError as error:
             raise CheckpointError(f"data loader {i}: {error}") from None
-        contents.dataloaders.append((saved, skip))
+        contents.dataloaders.append(saved)
     if SCALER_NAME in names:
         contents.scaler = _read(path, SCALER_NAME)
     contents.custom = [_read(path, f"{CUSTOM_STATE_NAME}_{i}.pkl") for i in range(len(accelerator._custom_objects))]
@@ -369,9 +360,8 @@ def apply_checkpoint(accelerator: "Accelerator", contents: CheckpointContents) -
         strategy.load_optimizer_state_dict(optimizer, saved)
     for scheduler, saved in zip(accelerator._schedulers, contents.schedulers):
         scheduler.load_state_dict(saved)
-    for loader, (saved, skip) in zip(accelerator._dataloaders, contents.dataloaders):
-        loader.load_state_dict(saved, restore_position=False)
-        loader.cursor.pending_skip = skip
+    for loader, saved in zip(accelerator._dataloaders, contents.dataloaders):
+        loader.load_state_dict(saved, restore_position=accelerator.use_stateful_dataloader)
     if contents.scaler is not None:
         accelerator.scaler.load_state_dict(contents.scaler)
     for obj, saved in zip(accelerator._custom_objects, contents.custom):

@@ -189,7 +189,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def _iter_split(self, seeked: bool = False) -> Iterator[list[int]]:
         n, r, size = self.num_processes, self.process_index, self.batch_size
-        epoch_start: list[int] = self._epoch_start(1)[0] if seeked and self._epoch_start(1) else []
+        epoch_start: list[int] = next(iter(self._epoch_start(1)), []) if seeked else []
         for batch in self.batch_sampler:
             batch = list(batch)
             if not epoch_start:

@@ -55,7 +55,7 @@ def _preempted_or(code: int) -> int:
 
 
 def _run_torchrun(plan: LaunchPlan, run_dir: str) -> int:
-    """torchrun, restarted here (one machine) only after an attempt that made progress; see `LaunchPlan.restarts`."""
+    """torchrun, restarted here (one machine) only after an attempt that made progress; see `LaunchPlan.restarts_by_launcher`."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
