@@ -10,17 +10,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import collectives
 from .checkpointing.api import CheckpointingMixin
 from .checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
 from .checkpointing.project import ProjectConfiguration
+from .distributed_helpers import DistributedHelpersMixin
 from .tracking.api import TrackingMixin
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
@@ -35,10 +34,9 @@ from .options import (
     ProfileKwargs,
     split_kwargs_handlers,
 )
-from .precision import make_precision_policy
 from .saving import save as _save
 from .scheduler import AcceleratedScheduler
-from .state import PartialState, shutdown_process_group
+from .state import AcceleratorState, shutdown_process_group
 from .strategies import select_strategy
 
 if TYPE_CHECKING:
@@ -47,9 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["Accelerator"]
 
 _UNSUPPORTED = {
-    "deepspeed_plugin": "DeepSpeed support",
-    "fsdp_plugin": "FSDP support",
-    "megatron_lm_plugin": "Megatron-LM support",
+    "megatron_lm_plugin": "Megatron-LM, which needs NVIDIA GPUs and the megatron-core package",
     "dynamo_backend": "torch.compile integration",
 }
 
@@ -66,11 +62,24 @@ def _first_given(*values: Any) -> Any:
     return next(v for v in values if v is not None)
 
 
+def _engine_plugins(fsdp_plugin: Any, deepspeed_plugin: Any, spec: LaunchSpec) -> tuple[Any, Any]:
+    """The FSDP / DeepSpeed plugins: the ones passed, else the ones `hasten launch` decoded from flags or the config file."""
+    if fsdp_plugin is None and spec.fsdp is not None:
+        from .fsdp_plugin import FullyShardedDataParallelPlugin
+
+        fsdp_plugin = FullyShardedDataParallelPlugin.from_launch_config(spec.fsdp)
+    if deepspeed_plugin is None and spec.deepspeed is not None:
+        from .deepspeed_plugin import DeepSpeedPlugin
+
+        deepspeed_plugin = DeepSpeedPlugin.from_launch_config(spec.deepspeed)
+    return fsdp_plugin, deepspeed_plugin
+
+
 def _is_preparable(obj: Any) -> bool:
     return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
 
 
-class Accelerator(CheckpointingMixin, TrackingMixin):
+class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
     """Run one training loop on 1 or N processes, on CPU or GPUs, in any precision.
 
     Arguments left as None take the value `hasten launch` passed (its launch
@@ -105,6 +114,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
         log_with: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        parallelism_config: Any = None,
         **unsupported: Any,
     ) -> None:
         for name, value in unsupported.items():
@@ -116,15 +128,10 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
                     f"remove the argument."
                 )
         spec = LaunchSpec.from_env()
-        for engine, settings in (("DeepSpeed", spec.deepspeed), ("FSDP", spec.fsdp)):
-            if settings is not None:
-                raise NotImplementedError(
-                    f"this run was launched with {engine}, which this hasten version cannot drive yet; "
-                    f"launch without --use_{engine.lower()} (and without it in your config file)."
-                )
+        fsdp_plugin, deepspeed_plugin = _engine_plugins(fsdp_plugin, deepspeed_plugin, spec)
         handlers = split_kwargs_handlers(kwargs_handlers)
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
-        self.state = PartialState(cpu=cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
+        self.state = AcceleratorState(cpu=cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
         self.device: torch.device = self.state.device
 
         config = dataloader_config or DataLoaderConfiguration()
@@ -149,13 +156,24 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.gradient_state = GradientState(num_steps=plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
 
-        precision = _first_given(mixed_precision, spec.mixed_precision, "no")
-        scaler_kwargs = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs()
-        self.precision = make_precision_policy(precision, self.device, scaler_kwargs)
-        self.scaler = self.precision.scaler
         self.profile_handler: ProfileKwargs | None = handlers.get(ProfileKwargs)
-        ddp_kwargs = handlers.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs()).to_kwargs()
-        self.strategy = select_strategy(self.device, self.num_processes, ddp_kwargs)
+        # Strategy and precision are chosen together, once; everything after asks the strategy.
+        self.strategy = select_strategy(
+            self.device,
+            self.num_processes,
+            _first_given(mixed_precision, spec.mixed_precision, "no"),
+            ddp_kwargs=handlers.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs()).to_kwargs(),
+            scaler_kwargs=handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs(),
+            fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            parallelism_config=parallelism_config,
+            gradient_state=self.gradient_state,
+            sync_each_batch=plugin.sync_each_batch,
+        )
+        self.precision = self.strategy.precision
+        self.scaler = self.precision.scaler
+        self.state._record(distributed_type=self.strategy.distributed_type, mixed_precision=self.precision.name,
+                           fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config)
 
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -171,11 +189,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     # -- who and where ----------------------------------------------------------
     @property
     def distributed_type(self) -> DistributedType:
-        if not self.state.use_distributed:
-            return DistributedType.NO
-        return {"cuda": DistributedType.MULTI_GPU, "mps": DistributedType.MULTI_MPS}.get(
-            self.device.type, DistributedType.MULTI_CPU
-        )
+        return self.strategy.distributed_type
 
     @property
     def num_processes(self) -> int:
@@ -251,17 +265,51 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         if len(set(preparable)) < len(preparable):
             raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
         results: list[Any] = list(args)
-        order = (
-            (lambda o: isinstance(o, nn.Module), lambda o, p: self.prepare_model(o, device_placement=p)),
-            (lambda o: isinstance(o, torch.optim.Optimizer), lambda o, p: self.prepare_optimizer(o, device_placement=p)),
-            (lambda o: isinstance(o, DataLoader), lambda o, p: self.prepare_data_loader(o, device_placement=p)),
-            (_is_scheduler, lambda o, p: self.prepare_scheduler(o)),
+        # Models and optimizers are set up together: a sharded strategy replaces the parameters optimizers hold.
+        model_slots = [i for i, obj in enumerate(args) if isinstance(obj, nn.Module)]
+        optimizer_slots = [i for i, obj in enumerate(args) if isinstance(obj, torch.optim.Optimizer)]
+        prepared_models, prepared_optimizers = self._setup(
+            [args[i] for i in model_slots], [placement[i] for i in model_slots], [args[i] for i in optimizer_slots]
         )
-        for matches, prepare_one in order:
-            for i, obj in enumerate(args):
-                if matches(obj):
-                    results[i] = prepare_one(obj, placement[i])
+        for i, prepared in zip(model_slots + optimizer_slots, prepared_models + prepared_optimizers):
+            results[i] = prepared
+        for i, obj in enumerate(args):
+            if isinstance(obj, DataLoader):
+                results[i] = self.prepare_data_loader(obj, device_placement=placement[i])
+        for i, obj in enumerate(args):  # last: a scheduler refers to its prepared optimizer
+            if _is_scheduler(obj):
+                results[i] = self.prepare_scheduler(obj)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _setup(self, models: list[nn.Module], placements: list[bool | None],
+               optimizers: list[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[AcceleratedOptimizer]]:
+        """Hand models and optimizers to the strategy together; remember what it returned."""
+        for optimizer in optimizers:
+            if isinstance(optimizer, AcceleratedOptimizer):
+                raise ValueError("this optimizer was prepared by another Accelerator; pass the original torch optimizer.")
+        strategy = self.strategy
+        trained = [not (p is False or p is None and not self.device_placement) or self.use_distributed for p in placements]
+        to_wrap = [model for model, train in zip(models, trained) if train]
+        if strategy.requires_joint_setup and (to_wrap or optimizers) and not (to_wrap and optimizers):
+            given = "a model" if to_wrap else "an optimizer"
+            raise ValueError(
+                f"under {strategy.name} the model and its optimizer are set up together, but prepare got {given} alone; "
+                "pass them in the same call: accelerator.prepare(model, optimizer, ...)."
+            )
+        wrapped, stepped = strategy.setup(to_wrap, optimizers)
+        wrapped_iter = iter(wrapped)
+        prepared_models = [next(wrapped_iter) if train else strategy.place_module(model, place=False)
+                           for model, train in zip(models, trained)]
+        for model, prepared in zip(models, prepared_models):
+            self._models.append(prepared)
+            self._remember(model, prepared)
+        prepared_optimizers = []
+        for optimizer, inner in zip(optimizers, stepped):
+            prepared = AcceleratedOptimizer(inner, self.gradient_state, strategy)
+            self._optimizers.append(prepared)
+            self._remember(optimizer, prepared)
+            prepared_optimizers.append(prepared)
+        return prepared_models, prepared_optimizers
 
     def _refuse_prepared(self, obj: Any) -> None:
         if id(obj) in self._seen and self._seen[id(obj)] is obj:
@@ -276,32 +324,29 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self._seen[id(prepared)] = prepared
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        """Move the model to the device, wrap it for the strategy (e.g. DDP), run its forward under autocast.
+        """Set the model up for the strategy (e.g. wrap it in DDP) with its forward under the precision's autocast.
 
         With `evaluation_mode=True` the model is only placed and cast, never
         wrapped for gradient synchronisation.
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.prepare_model(torch.nn.Linear(2, 2)).weight.device.type
+            'cpu'
         """
         self._refuse_prepared(model)
-        place = self.device_placement if device_placement is None else device_placement
-        if self.precision.dtype is not None and "forward" not in vars(model):
-            model.forward = self.precision.wrap_forward(model.forward)
-        if evaluation_mode or not place and not self.use_distributed:
-            prepared = model.to(self.device) if place else model
-        else:
-            prepared = self.strategy.wrap_model(model)
-        self._models.append(prepared)
-        self._remember(model, prepared)
-        return prepared
+        if evaluation_mode:
+            place = self.device_placement if device_placement is None else device_placement
+            prepared = self.strategy.place_module(model, place)
+            self._models.append(prepared)
+            self._remember(model, prepared)
+            return prepared
+        return self._setup([model], [device_placement], [])[0][0]
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
-        """Wrap the optimizer so it steps only on synchronising steps (and through the fp16 scaler)."""
+        """Wrap the optimizer so it steps only on synchronising steps, through the strategy (and fp16 scaler)."""
         self._refuse_prepared(optimizer)
-        if isinstance(optimizer, AcceleratedOptimizer):
-            raise ValueError("this optimizer was prepared by another Accelerator; pass the original torch optimizer.")
-        prepared = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
-        self._optimizers.append(prepared)
-        self._remember(optimizer, prepared)
-        return prepared
+        return self._setup([], [], [optimizer])[1][0]
 
     def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
         """Shard the loader across processes and move its batches to the device (see `hasten.data`)."""
@@ -359,19 +404,14 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
 
     # -- the training step ----------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
+        """`loss.backward()` through the strategy: divided by the accumulation steps, scaled under fp16."""
         if not self._seen:
             raise RuntimeError(
                 "accelerator.backward was called before accelerator.prepare; "
                 "pass your model and optimizer to accelerator.prepare(...) first."
             )
         self.gradient_state.mark_training()
-        if self.gradient_state.num_steps > 1:
-            loss = loss / self.gradient_state.num_steps
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward(**kwargs)
-        else:
-            loss.backward(**kwargs)
+        self.strategy.backward(loss, self.gradient_state.num_steps, **kwargs)
 
     def _advance_accumulation(self) -> None:
         state = self.gradient_state
@@ -416,18 +456,11 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
 
     def unscale_gradients(self, optimizer: AcceleratedOptimizer | list[AcceleratedOptimizer] | None = None) -> None:
         """Divide gradients by the fp16 loss scale (done once per step; a no-op without fp16)."""
-        if self.scaler is None:
-            return
-        from torch.amp.grad_scaler import OptState
-
         if optimizer is None:
             optimizers = self._optimizers
         else:
             optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
-        for opt in optimizers:
-            inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
-            if self.scaler._per_optimizer_states[id(inner)]["stage"] is OptState.READY:
-                self.scaler.unscale_(inner)
+        self.strategy.unscale_gradients(optimizers)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the gradient norm (after unscaling under fp16). Returns the total norm.
@@ -435,18 +468,23 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         On accumulation steps that do not synchronise it does nothing and
         returns None: clipping a partial, unsynchronised gradient would change
         the result.
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 1))
+            >>> model(torch.ones(1, 2)).sum().backward()
+            >>> float(accelerator.clip_grad_norm_(model.parameters(), 1.0)) > 0
+            True
         """
         if not self.gradient_state.sync_gradients:
             return None
-        self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type, self._optimizers)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Clip each gradient element to [-clip_value, clip_value] (after unscaling under fp16)."""
         if not self.gradient_state.sync_gradients:
             return
-        self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        self.strategy.clip_grad_value_(parameters, clip_value, self._optimizers)
 
     def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
         """Run a block (e.g. a loss computed outside the model) under the mixed precision policy."""
@@ -469,79 +507,6 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             os.makedirs(handler.output_trace_dir, exist_ok=True)
             profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
         self.wait_for_everyone()
-
-    # -- collectives ---------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        """Concatenate tensors (in nested structures) from all processes along dim 0."""
-        return collectives.gather(tensor)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """`gather`, minus the samples repeated to even out the last batch.
-
-        Over a whole prepared evaluation loader, the gathered items add up to
-        exactly `len(dataset)`.
-        """
-        is_tensors = not use_gather_object and _only_tensors(input_data)
-        data = collectives.gather(input_data) if is_tensors else collectives.gather_object(input_data)
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder > 0:
-            if is_tensors:
-                return collectives.recursively_apply(lambda t: t[:remainder], data)
-            return data[:remainder]
-        return data
-
-    def gather_object(self, obj: Any) -> list[Any]:
-        """Gather picklable objects from all processes into one list."""
-        return collectives.gather_object(obj)
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sum or average tensors across processes."""
-        return collectives.reduce(tensor, reduction, scale)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        """Pad tensors along `dim` to the largest size on any process."""
-        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
-
-    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
-        """Copy tensors from one process to all."""
-        return collectives.broadcast(tensor, from_process)
-
-    def broadcast_object_list(self, objects: list[Any], from_process: int = 0) -> list[Any]:
-        """Copy a list of picklable objects from one process to all (in place)."""
-        return collectives.broadcast_object_list(objects, from_process)
-
-    # -- process helpers (delegated to the state) ------------------------------------------
-    def wait_for_everyone(self) -> None:
-        """Barrier: continue when all processes got here."""
-        self.state.wait_for_everyone()
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.local_main_process_first()
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
-        return self.state.split_between_processes(inputs, apply_padding)
-
-    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print` on the local main process only."""
-        self.state.print(*args, **kwargs)
 
     # -- saving, memory, the end ---------------------------------------------------------
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool | None = None) -> None:
@@ -588,12 +553,3 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
 
-
-def _only_tensors(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, (list, tuple)):
-        return all(_only_tensors(item) for item in data)
-    if isinstance(data, Mapping):
-        return all(_only_tensors(item) for item in data.values())
-    return False

@@ -16,8 +16,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     - On an accumulation step that does not synchronise, `step()` and
       `zero_grad()` do nothing, so gradients keep accumulating.
-    - Under fp16, `step()` goes through the GradScaler; `step_was_skipped`
-      tells whether it was skipped because of inf/NaN gradients.
+    - `step()` and `zero_grad()` go through the strategy: under fp16 through
+      the GradScaler (`step_was_skipped` tells whether inf/NaN gradients
+      skipped it), under a sharded engine through the engine.
 
     Everything else (param_groups, state, state_dict, ...) is the wrapped
     optimizer's own.
@@ -29,11 +30,19 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         tensor([0.9000])
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, scaler: Any = None) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, strategy: Any = None) -> None:
         # Deliberately not calling Optimizer.__init__: all state lives in the wrapped optimizer.
+        if strategy is None:
+            from .strategies import Strategy
+
+            strategy = Strategy(torch.device("cpu"))
         self.optimizer = optimizer
         self.gradient_state = gradient_state
-        self.scaler = scaler
+        self.strategy = strategy
+        self.scaler = strategy.precision.scaler
+        # Bound once: the strategy (and its precision) decide how a step and a zero_grad are done.
+        self._step = strategy.optimizer_step
+        self._zero_grad = strategy.zero_grad
         self.step_was_skipped = False
 
     # -- delegation -----------------------------------------------------------
@@ -91,18 +100,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # -- the hot path -----------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self._zero_grad(self.optimizer, set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         if not self.gradient_state.sync_gradients:
             self.step_was_skipped = False
             return None
-        if self.scaler is None:
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        # fp16: the scaler skips the step on inf/NaN and lowers its scale;
-        # comparing scales is how we learn it (one host sync, fp16 only).
-        scale_before = self.scaler.get_scale()
-        result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.step_was_skipped = self.scaler.get_scale() < scale_before
+        result, self.step_was_skipped = self._step(self.optimizer, closure)
         return result

@@ -30,6 +30,18 @@ class DistributedType(str, enum.Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     MULTI_MPS = "MULTI_MPS"
+    FSDP = "FSDP"
+    DEEPSPEED = "DEEPSPEED"
+    # Kinds hasten never runs (it has no TPU, Megatron-LM or vendor-accelerator backend); they exist so
+    # scripts that compare against them keep working, and always compare unequal to this run's type.
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
 
 
 class _KwargsHandler:
@@ -68,6 +80,9 @@ class GradientAccumulationPlugin:
     num_steps: int = 1
     adjust_scheduler: bool = True  # accepted for compatibility: the scheduler steps once per optimizer step
     sync_with_dataloader: bool = True
+    # Synchronise (all-reduce / reduce-scatter) gradients on every batch, not only on the optimizer step:
+    # more communication, but under FSDP no full-size unsharded gradient is kept between batches.
+    sync_each_batch: bool = False
 
 
 @dataclass

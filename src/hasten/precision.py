@@ -82,9 +82,36 @@ class PrecisionPolicy:
         autocast_forward.__wrapped_forward__ = forward  # type: ignore[attr-defined]
         return autocast_forward
 
+    def step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+        """Step `optimizer`; under fp16 through the scaler. Returns (result, whether the step was skipped)."""
+        scaler = self.scaler
+        if scaler is None:
+            return (optimizer.step(closure) if closure is not None else optimizer.step()), False
+        # The scaler skips the step on inf/NaN and lowers its scale;
+        # comparing scales is how we learn it (one host sync, fp16 only).
+        scale_before = scaler.get_scale()
+        result = scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
+        scaler.update()
+        return result, scaler.get_scale() < scale_before
 
-def make_precision_policy(precision: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None) -> PrecisionPolicy:
+    def unscale(self, optimizer: Any) -> None:
+        """Divide `optimizer`'s gradients by the loss scale, once per step (a no-op without fp16)."""
+        scaler = self.scaler
+        if scaler is None:
+            return
+        from torch.amp.grad_scaler import OptState
+
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if scaler._per_optimizer_states[id(inner)]["stage"] is OptState.READY:
+            scaler.unscale_(inner)
+
+
+def make_precision_policy(precision: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None,
+                          scaler_class: Callable[..., Any] | None = None) -> PrecisionPolicy:
     """Build the policy for `precision` on `device`, validating it first.
+
+    `scaler_class` lets a sharded strategy use a scaler that agrees on
+    inf/NaN across processes (FSDP's `ShardedGradScaler`).
 
     Example:
         >>> make_precision_policy("fp16", torch.device("cpu")).scaler is not None
@@ -94,5 +121,5 @@ def make_precision_policy(precision: str, device: torch.device, scaler_kwargs: d
     dtype = _DTYPES.get(precision)
     scaler = None
     if precision == "fp16":
-        scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
+        scaler = (scaler_class or torch.amp.GradScaler)(device.type, **(scaler_kwargs or {}))
     return PrecisionPolicy(name=precision, device_type=device.type, dtype=dtype, scaler=scaler)

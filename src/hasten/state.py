@@ -24,7 +24,7 @@ from . import watchdog
 from .launch_spec import LaunchSpec
 from .topology import ProcessTopology, backend_for_device, select_device
 
-__all__ = ["PartialState", "shutdown_process_group"]
+__all__ = ["PartialState", "AcceleratorState", "shutdown_process_group"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -306,3 +306,80 @@ class PartialState:
             f"PartialState(rank={t.rank}, world_size={t.world_size}, local_rank={t.local_rank}, "
             f"device={self.device}, backend={self.backend}, launcher={t.launcher})"
         )
+
+
+# What the newest Accelerator of this process decided (strategy, precision, plugins): the facts
+# `AcceleratorState()` reports when third-party code creates one on its own, as peer libraries do.
+_run_facts: dict[str, Any] = {}
+
+
+class AcceleratorState(PartialState):
+    """`PartialState` plus what the `Accelerator` decided: distributed type, precision, engine plugins.
+
+    `accelerator.state` is one; `AcceleratorState()` created elsewhere (as
+    libraries written for the peer do) reports the newest Accelerator's
+    decisions, or a plain run's defaults when none exists yet.
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        >>> AcceleratorState().mixed_precision, accelerator.state.distributed_type.value
+        ('bf16', 'NO')
+    """
+
+    def __init__(self, cpu: bool | None = None, backend: str | None = None, timeout: timedelta | None = None,
+                 topology: ProcessTopology | None = None) -> None:
+        super().__init__(cpu=cpu, backend=backend, timeout=timeout, topology=topology)
+        self._facts = _run_facts
+
+    def _record(self, **facts: Any) -> None:
+        """Called once by the Accelerator that owns this state, after choosing its strategy."""
+        _run_facts.clear()
+        _run_facts.update(facts)
+
+    def _fact(self, name: str, default: Any = None) -> Any:
+        return self._facts.get(name, default)
+
+    @property
+    def distributed_type(self) -> Any:
+        from .options import DistributedType
+
+        default = DistributedType.NO if not self.use_distributed else (
+            DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU)
+        return self._fact("distributed_type", default)
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._fact("mixed_precision", "no")
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        return self._fact("deepspeed_plugin")
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        return self._fact("fsdp_plugin")
+
+    @property
+    def parallelism_config(self) -> Any:
+        return self._fact("parallelism_config")
+
+    @property
+    def dynamo_plugin(self) -> Any:
+        return None
+
+    @property
+    def megatron_lm_plugin(self) -> Any:
+        return None
+
+    @property
+    def use_ipex(self) -> bool:
+        return False
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self._facts)
+
+    def __repr__(self) -> str:
+        return (f"AcceleratorState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+                f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision!r})")

@@ -137,19 +137,24 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
 
     strategy = accelerator.strategy
     models = list(accelerator._models)
-    weights = [strategy.model_state_dict(model) for model in models]
+    sharded = strategy.writes_own_checkpoint_files
+    # Every process asks the strategy (a sharded one gathers); only the main process gets full values back.
+    weights = [] if sharded else [strategy.model_state_dict(model) for model in models]
+    optimizer_states = [] if sharded else [strategy.optimizer_state_dict(opt) for opt in accelerator._optimizers]
     for hook in accelerator._save_state_pre_hooks.values():
         hook(models, weights, str(staging))  # a hook may pop weights it saves itself (e.g. save_pretrained)
     files: dict[str, int] = {}
     error = None
     try:
         staging.mkdir(parents=True, exist_ok=True)  # a process on another machine without a shared disk
+        if sharded:  # each process writes its own shard of every model and optimizer
+            files.update(strategy.save_checkpoint_files(staging, models, accelerator._optimizers))
         if publisher:
             model_base = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
             for i, weight in enumerate(weights):
                 files.update([_write_model(staging, indexed_name(model_base, i), weight, safe_serialization)])
-            for i, optimizer in enumerate(accelerator._optimizers):
-                files.update([_write(staging, indexed_name(f"{OPTIMIZER_NAME}.bin", i), strategy.optimizer_state_dict(optimizer))])
+            for i, optimizer_state in enumerate(optimizer_states):
+                files.update([_write(staging, indexed_name(f"{OPTIMIZER_NAME}.bin", i), optimizer_state)])
             for i, scheduler in enumerate(accelerator._schedulers):
                 files.update([_write(staging, indexed_name(f"{SCHEDULER_NAME}.bin", i), scheduler.state_dict())])
             for i, loader in enumerate(accelerator._dataloaders):
@@ -176,10 +181,10 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
                 "num_processes": n,
                 "step": accelerator.gradient_state.step,
                 "files": all_files,
-                "contents": {"models": len(weights), "optimizers": len(accelerator._optimizers),
+                "contents": {"models": len(models), "optimizers": len(accelerator._optimizers),
                              "schedulers": len(accelerator._schedulers), "dataloaders": len(accelerator._dataloaders),
                              "custom": len(accelerator._custom_objects), "scaler": accelerator.scaler is not None,
-                             "model_format": "safetensors" if safe_serialization else "torch"},
+                             "model_format": _model_format(strategy, safe_serialization)},
             })
             publish(staging, target)
         except OSError as failure:
@@ -193,6 +198,13 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
         config.iteration += 1
     _barrier(n)
     return target
+
+
+def _model_format(strategy: Any, safe_serialization: bool) -> str:
+    """How models and optimizers are stored: full files (safetensors or torch) or a strategy's own shards."""
+    if strategy.writes_own_checkpoint_files:
+        return SHARDED_FORMAT + strategy.name
+    return "safetensors" if safe_serialization else "torch"
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -210,6 +222,10 @@ class CheckpointContents:
     custom: list[dict[str, Any]] = field(default_factory=list)
     rng: dict[str, Any] | None = None
     gradients: dict[str, torch.Tensor] = field(default_factory=dict)
+    sharded: Any = None  # what a sharded strategy read (its own files), not yet applied
+
+
+SHARDED_FORMAT = "sharded:"
 
 
 def _read(path: Path, name: str) -> Any:
@@ -295,10 +311,17 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
     _check_count(manifest, "schedulers", len(accelerator._schedulers))
     _check_count(manifest, "dataloaders", len(accelerator._dataloaders))
     _check_count(manifest, "custom", len(accelerator._custom_objects))
-    safe = manifest["contents"].get("model_format", "safetensors") == "safetensors"
+    model_format = manifest["contents"].get("model_format", "safetensors")
+    sharded = model_format.startswith(SHARDED_FORMAT)
+    if sharded and model_format != _model_format(strategy, True):
+        raise CheckpointError(
+            f"{path} holds models sharded by {model_format[len(SHARDED_FORMAT):]}, but this run uses {strategy.name}; "
+            f"load it under the same strategy, or turn it into full weights first with `hasten merge-weights`."
+        )
+    safe = model_format == "safetensors"
     model_base = SAFE_WEIGHTS_NAME if safe else WEIGHTS_NAME
-    names = [indexed_name(model_base, i) for i in range(len(models))]
-    names += [indexed_name(f"{OPTIMIZER_NAME}.bin", i) for i in range(len(accelerator._optimizers))]
+    names = [] if sharded else [indexed_name(model_base, i) for i in range(len(models))]
+    names += [] if sharded else [indexed_name(f"{OPTIMIZER_NAME}.bin", i) for i in range(len(accelerator._optimizers))]
     names += [indexed_name(f"{SCHEDULER_NAME}.bin", i) for i in range(len(accelerator._schedulers))]
     names += [indexed_name(f"{SAMPLER_NAME}.bin", i) for i in range(len(accelerator._dataloaders))]
     names += [f"{CUSTOM_STATE_NAME}_{i}.pkl" for i in range(len(accelerator._custom_objects))]
@@ -306,7 +329,15 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
         names.append(SCALER_NAME)
     check_files(path, manifest, names)
 
-    for i, model in enumerate(models):
+    if sharded:  # every file any process wrote must be whole before any process reads its part
+        check_files(path, manifest, list(manifest["files"]))
+        try:
+            contents.sharded = strategy.read_checkpoint_files(path, models, accelerator._optimizers)
+        except CheckpointError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a damaged or mismatched shard: say which
+            raise CheckpointError(f"the sharded models in {path} cannot be read ({type(error).__name__}: {error}).") from None
+    for i, model in enumerate([] if sharded else models):
         name = indexed_name(model_base, i)
         try:
             saved = read_weights_file(path / name)
@@ -314,7 +345,7 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
             raise CheckpointError(f"{name} in {path} cannot be read ({error}); the checkpoint is damaged.") from None
         _check_model(name, saved, strategy.model_state_dict_shapes(model))
         contents.models.append((model, saved))
-    for i, optimizer in enumerate(accelerator._optimizers):
+    for i, optimizer in enumerate([] if sharded else accelerator._optimizers):
         name = indexed_name(f"{OPTIMIZER_NAME}.bin", i)
         saved = _read(path, name)
         _check_optimizer(name, saved, optimizer)
@@ -352,8 +383,11 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
 def apply_checkpoint(accelerator: "Accelerator", contents: CheckpointContents) -> None:
     """Put checked contents into the live objects (after every process agreed they are fine)."""
     strategy = accelerator.strategy
-    for i, (model, saved) in enumerate(contents.models):
+    if contents.sharded is not None:
+        strategy.apply_checkpoint_files(contents.sharded)
+    for model, saved in contents.models:
         strategy.load_model_state_dict(model, saved)
+    for i, model in enumerate(accelerator._models):
         prefix = f"{i}."
         strategy.load_model_gradients(model, {k[len(prefix):]: v for k, v in contents.gradients.items() if k.startswith(prefix)})
     for optimizer, saved in zip(accelerator._optimizers, contents.optimizers):

@@ -1,48 +1,158 @@
-"""The strategy interface: how models are wrapped, synchronised, unwrapped, and how their state is saved.
+"""The strategy seam: everything that differs between single-device, DDP and sharded engines.
+
+A strategy is chosen once, with its precision (`select_strategy`), and then
+owns, for the models and optimizers it set up:
+
+- set-up: models and optimizers are set up *together* (`setup`), because a
+  sharded engine replaces the parameters an optimizer holds;
+- the hot path: `backward`, `optimizer_step`, `no_sync`, clipping;
+- state: full state dicts for the checkpoint layer and `get_state_dict`, or
+  (`writes_own_checkpoint_files`) its own sharded files.
 
 The checkpoint layer (`hasten.checkpointing`) never reads a model or an
-optimizer directly: it asks the strategy for full state dicts and gives
-them back through it, so a sharded engine can gather or scatter its shards
-(or supply its own sharded files) without the checkpoint layer changing.
+optimizer directly: it asks the strategy.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import nn
 
+from ..options import DistributedType
+from ..precision import PrecisionPolicy, make_precision_policy
+
+__all__ = ["Strategy"]
+
 
 class Strategy:
-    """Wraps models for one kind of run. Subclasses override what differs.
+    """Base strategy: one process, one device; subclasses override what differs.
 
     Example:
-        >>> Strategy(torch.device("cpu")).wrap_model(nn.Linear(2, 2)).weight.device.type
+        >>> strategy = Strategy(torch.device("cpu"))
+        >>> [model], [] = strategy.setup([nn.Linear(2, 2)], [])
+        >>> model.weight.device.type
         'cpu'
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    name: ClassVar[str] = "single"
+    #: True when set-up needs every model and its optimizer in the same `prepare` call.
+    requires_joint_setup: ClassVar[bool] = False
+    #: True when the strategy writes models and optimizers into checkpoints itself (sharded files).
+    writes_own_checkpoint_files: ClassVar[bool] = False
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def __init__(self, device: torch.device, precision: PrecisionPolicy | None = None) -> None:
+        self.device = device
+        self.precision = precision if precision is not None else make_precision_policy("no", device)
+        # With accumulation: synchronise gradients on every batch anyway (less memory, more communication).
+        self.sync_each_batch = False
+        # Parameters replaced during set-up (old -> new), so an optimizer built before `prepare` follows them.
+        self._replaced_params: dict[int, nn.Parameter] = {}
+
+    # -- what kind of run ----------------------------------------------------------------
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.NO
+
+    # -- set-up (prepare) ------------------------------------------------------------------
+    def setup(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[Any]]:
+        """Set up models, then the optimizers over their (possibly replaced) parameters."""
+        prepared_models = [self.setup_module(model) for model in models]
+        prepared_optimizers = [self.setup_optimizer(optimizer) for optimizer in optimizers]
+        return prepared_models, prepared_optimizers
+
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        """Cast the forward for the precision and place the model (subclasses wrap it)."""
+        self.cast_forward(model)
         return model.to(self.device)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Point the optimizer at parameters that set-up replaced; returns the optimizer to step."""
+        self._follow_replaced_params(optimizer)
+        return optimizer
+
+    def place_module(self, model: nn.Module, place: bool = True) -> nn.Module:
+        """For evaluation only: cast the forward and place the model, never wrap it."""
+        self.cast_forward(model)
+        return model.to(self.device) if place else model
+
+    def cast_forward(self, model: nn.Module) -> None:
+        """Run the model's forward under the precision's autocast (once per model)."""
+        if self.precision.dtype is not None and "forward" not in vars(model):
+            model.forward = self.precision.wrap_forward(model.forward)
+
+    def _record_replaced_params(self, before: dict[str, nn.Parameter], model: nn.Module) -> None:
+        after = dict(model.named_parameters())
+        for name, old in before.items():
+            new = after.get(name)
+            if new is not None and new is not old:
+                self._replaced_params[id(old)] = new
+
+    def _follow_replaced_params(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._replaced_params:
+            return
+        groups = optimizer.param_groups
+        olds = [p for group in groups for p in group["params"] if id(p) in self._replaced_params]
+        if not olds:
+            return
+        if any(p in optimizer.state for p in olds):
+            raise ValueError(
+                "this optimizer already holds state for the model's parameters, which the sharded set-up replaced; "
+                "prepare the model and the optimizer before the first optimizer step."
+            )
+        for group in groups:
+            group["params"] = [self._replaced_params.get(id(p), p) for p in group["params"]]
+
+    # -- the hot path --------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+        """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
+        if accumulation_steps > 1:
+            loss = loss / accumulation_steps
+        scaler = self.precision.scaler
+        if scaler is not None:
+            scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+        """Step the optimizer (through the fp16 scaler when there is one); returns (result, step was skipped)."""
+        return self.precision.step(optimizer, closure)
+
+    def zero_grad(self, optimizer: Any, set_to_none: bool = True) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Context in which backward does not synchronise gradients across processes."""
         return contextlib.nullcontext()
 
+    def unscale_gradients(self, optimizers: Sequence[Any]) -> None:
+        """Divide gradients by the fp16 loss scale, once per step (a no-op without fp16)."""
+        for optimizer in optimizers:
+            self.precision.unscale(optimizer)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float, optimizers: Sequence[Any]) -> torch.Tensor:
+        """Unscale, then clip the total gradient norm of `parameters`; returns that norm."""
+        self.unscale_gradients(optimizers)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float, optimizers: Sequence[Any]) -> None:
+        self.unscale_gradients(optimizers)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
     # -- state for checkpoints ------------------------------------------------------------
+    # Every process calls these (a sharded strategy gathers); only the returned values differ.
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict of a prepared model, keyed as the user's own module names it."""
         return self.unwrap_model(model).state_dict()
 
-    def model_state_dict_shapes(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Tensors whose shapes a saved full state dict must match (no copy is made)."""
+    def model_state_dict_shapes(self, model: nn.Module) -> dict[str, Any]:
+        """Objects with the full shapes a saved state dict must match (no copy is made)."""
         return self.unwrap_model(model).state_dict()
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
@@ -63,3 +173,16 @@ class Strategy:
         for name, param in self.unwrap_model(model).named_parameters():
             saved = gradients.get(name)
             param.grad = None if saved is None else saved.to(device=param.device, dtype=param.dtype)
+
+    # -- sharded checkpoint files (only when `writes_own_checkpoint_files`) -------------------
+    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, int]:
+        """Write this process's part of models and optimizers under `directory`; returns {relative path: size}."""
+        raise NotImplementedError(f"{type(self).__name__} saves full state dicts through the checkpoint layer")
+
+    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> Any:
+        """Read and check this process's part into new memory; nothing live is changed."""
+        raise NotImplementedError(f"{type(self).__name__} loads full state dicts through the checkpoint layer")
+
+    def apply_checkpoint_files(self, contents: Any) -> None:
+        """Put what `read_checkpoint_files` returned into the live models and optimizers."""
+        raise NotImplementedError(f"{type(self).__name__} loads full state dicts through the checkpoint layer")

@@ -9,31 +9,44 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..options import DistributedType
+from ..precision import PrecisionPolicy
 from .base import Strategy
+
+__all__ = ["DDPStrategy"]
 
 
 class DDPStrategy(Strategy):
     """Wrap in `DistributedDataParallel`; `no_sync` skips the all-reduce on accumulation steps.
 
     Example:
-        >>> strategy = DDPStrategy(torch.device("cpu"), {"find_unused_parameters": False})
-        >>> strategy.ddp_kwargs
-        {'find_unused_parameters': False}
+        >>> strategy = DDPStrategy(torch.device("cpu"), ddp_kwargs={"find_unused_parameters": False})
+        >>> strategy.ddp_kwargs, strategy.distributed_type.value
+        ({'find_unused_parameters': False}, 'MULTI_CPU')
     """
 
-    def __init__(self, device: torch.device, ddp_kwargs: dict[str, Any]) -> None:
-        super().__init__(device)
-        self.ddp_kwargs = dict(ddp_kwargs)
+    name = "ddp"
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
+    def __init__(self, device: torch.device, precision: PrecisionPolicy | None = None,
+                 ddp_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(device, precision)
+        self.ddp_kwargs = dict(ddp_kwargs or {})
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return {"cuda": DistributedType.MULTI_GPU, "mps": DistributedType.MULTI_MPS}.get(
+            self.device.type, DistributedType.MULTI_CPU
+        )
+
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        model = super().setup_module(model)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (e.g. a frozen teacher)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        if isinstance(model, DistributedDataParallel):
+        if isinstance(model, DistributedDataParallel) and not self.sync_each_batch:
             return model.no_sync()
         return contextlib.nullcontext()
 

@@ -1,8 +1,10 @@
-"""One process, one device: the model is only moved there."""
+"""One process, one device: the model is only cast and moved there."""
 
 from __future__ import annotations
 
 from .base import Strategy
+
+__all__ = ["SingleDeviceStrategy"]
 
 
 class SingleDeviceStrategy(Strategy):
@@ -10,6 +12,8 @@ class SingleDeviceStrategy(Strategy):
 
     Example:
         >>> import torch
-        >>> SingleDeviceStrategy(torch.device("cpu")).device
-        device(type='cpu')
+        >>> SingleDeviceStrategy(torch.device("cpu")).distributed_type.value
+        'NO'
     """
+
+    name = "single"

@@ -1,0 +1,108 @@
+"""Collectives and process helpers of the `Accelerator` (delegated to `hasten.collectives` and the state)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+
+from . import collectives
+
+__all__ = ["DistributedHelpersMixin"]
+
+
+class DistributedHelpersMixin:
+    """Gather, reduce, broadcast, barriers and "only on process N" helpers.
+
+    Expects the host to set `state` (a `PartialState`) and `gradient_state`.
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> Accelerator(cpu=True).gather(__import__("torch").ones(2)).tolist()
+        [1.0, 1.0]
+    """
+
+    # -- collectives ---------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors (in nested structures) from all processes along dim 0."""
+        return collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """`gather`, minus the samples repeated to even out the last batch.
+
+        Over a whole prepared evaluation loader, the gathered items add up to
+        exactly `len(dataset)`.
+        """
+        is_tensors = not use_gather_object and _only_tensors(input_data)
+        data = collectives.gather(input_data) if is_tensors else collectives.gather_object(input_data)
+        remainder = self.gradient_state.remainder
+        if self.gradient_state.end_of_dataloader and remainder > 0:
+            if is_tensors:
+                return collectives.recursively_apply(lambda t: t[:remainder], data)
+            return data[:remainder]
+        return data
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Gather picklable objects from all processes into one list."""
+        return collectives.gather_object(obj)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum or average tensors across processes."""
+        return collectives.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad tensors along `dim` to the largest size on any process."""
+        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        """Copy tensors from one process to all."""
+        return collectives.broadcast(tensor, from_process)
+
+    def broadcast_object_list(self, objects: list[Any], from_process: int = 0) -> list[Any]:
+        """Copy a list of picklable objects from one process to all (in place)."""
+        return collectives.broadcast_object_list(objects, from_process)
+
+    # -- process helpers (delegated to the state) ------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Barrier: continue when all processes got here."""
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
+        return self.state.split_between_processes(inputs, apply_padding)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(_only_tensors(item) for item in data)
+    if isinstance(data, Mapping):
+        return all(_only_tensors(item) for item in data.values())
+    return False
