@@ -35,6 +35,10 @@ _EXPORTS = {
     "skip_first_batches": "data",
     "notebook_launcher": "launch.notebook",
     "debug_launcher": "launch.notebook",
+    "AcceleratorState": "state",
+    "FullyShardedDataParallelPlugin": "fsdp_plugin",
+    "DeepSpeedPlugin": "deepspeed_plugin",
+    "ParallelismConfig": "parallelism_config",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -70,5 +74,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
     from .checkpointing.project import ProjectConfiguration
     from .seeding import set_seed
     from .throughput import ThroughputMeter
-    from .state import PartialState
+    from .state import AcceleratorState, PartialState
+    from .fsdp_plugin import FullyShardedDataParallelPlugin
     from .topology import ProcessTopology

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .. import __version__
-from . import config_command, env_command, launch as launch_command, test_command
+from . import config_command, env_command, launch as launch_command, merge_weights, test_command
 
 
 class ConciseParser(argparse.ArgumentParser):
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch_command.add_parser(commands)
     env_command.add_parser(commands)
     test_command.add_parser(commands)
+    merge_weights.add_parser(commands)
     return parser
 
 

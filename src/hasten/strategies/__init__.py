@@ -1,9 +1,12 @@
-"""How a model is wrapped for the run's topology; chosen once by `select_strategy`."""
+"""How models and optimizers are set up, stepped and saved for the run; chosen once by `select_strategy`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from ..precision import make_precision_policy
 from .base import Strategy
 from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
@@ -11,14 +14,47 @@ from .single import SingleDeviceStrategy
 __all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "select_strategy"]
 
 
-def select_strategy(device: Any, world_size: int, ddp_kwargs: dict[str, Any] | None = None) -> Strategy:
-    """Single device for one process, DistributedDataParallel for several.
+def select_strategy(
+    device: torch.device,
+    world_size: int,
+    mixed_precision: str = "no",
+    *,
+    ddp_kwargs: dict[str, Any] | None = None,
+    scaler_kwargs: dict[str, Any] | None = None,
+    fsdp_plugin: Any = None,
+    deepspeed_plugin: Any = None,
+    parallelism_config: Any = None,
+    gradient_state: Any = None,
+    sync_each_batch: bool = False,
+) -> Strategy:
+    """Choose the strategy and its precision together, once.
+
+    DeepSpeed when a `DeepSpeedPlugin` is given, FSDP2 for an FSDP plugin or a
+    `ParallelismConfig` that shards or splits tensors, else DDP for several
+    processes and a single device for one. (The sharded engines are imported
+    only when chosen.)
 
     Example:
-        >>> import torch
-        >>> type(select_strategy(torch.device("cpu"), 1)).__name__
-        'SingleDeviceStrategy'
+        >>> strategy = select_strategy(torch.device("cpu"), 1, "bf16")
+        >>> type(strategy).__name__, strategy.precision.name
+        ('SingleDeviceStrategy', 'bf16')
     """
+    if fsdp_plugin is not None and deepspeed_plugin is not None:
+        raise ValueError("FSDP and DeepSpeed cannot be used together; pass fsdp_plugin or deepspeed_plugin, not both.")
+    if deepspeed_plugin is not None:
+        from .deepspeed import DeepSpeedStrategy
+
+        return DeepSpeedStrategy.create(device, world_size, mixed_precision, deepspeed_plugin,
+                                        gradient_state=gradient_state, parallelism_config=parallelism_config)
+    if fsdp_plugin is not None or (parallelism_config is not None and parallelism_config.needs_sharded_engine):
+        from .fsdp import FSDPStrategy
+
+        return FSDPStrategy.create(device, world_size, mixed_precision, fsdp_plugin, parallelism_config=parallelism_config,
+                                   scaler_kwargs=scaler_kwargs, sync_each_batch=sync_each_batch)
+    precision = make_precision_policy(mixed_precision, device, scaler_kwargs)
     if world_size > 1:
-        return DDPStrategy(device, ddp_kwargs or {})
-    return SingleDeviceStrategy(device)
+        strategy: Strategy = DDPStrategy(device, precision, ddp_kwargs=ddp_kwargs)
+    else:
+        strategy = SingleDeviceStrategy(device, precision)
+    strategy.sync_each_batch = sync_each_batch
+    return strategy

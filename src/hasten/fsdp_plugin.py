@@ -1,0 +1,140 @@
+"""`FullyShardedDataParallelPlugin`: FSDP settings with the peer's field names, run on FSDP2 (`fully_shard`).
+
+The same settings come from three places, decoded here once: the plugin
+object a script passes to `Accelerator(fsdp_plugin=...)`, the `fsdp_config`
+section of a config file, and the `--fsdp_*` launch flags (both reach each
+process in the launch spec; see `hasten.config.FSDPConfig`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["FullyShardedDataParallelPlugin", "SHARDING_STRATEGIES", "STATE_DICT_TYPES", "AUTO_WRAP_POLICIES"]
+
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
+AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+
+
+def _upper(value: Any) -> Any:
+    return value.upper() if isinstance(value, str) else value
+
+
+@dataclass
+class FullyShardedDataParallelPlugin:
+    """How FSDP shards a model; hasten runs every setting on FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+    - `sharding_strategy`: FULL_SHARD (parameters, gradients and optimizer
+      state sharded; parameters freed after forward), SHARD_GRAD_OP (kept
+      gathered between forward and backward), NO_SHARD (replicated),
+      HYBRID_SHARD / HYBRID_SHARD_ZERO2 (sharded within a machine,
+      replicated across machines, on a 2-D mesh).
+    - `auto_wrap_policy`: which submodules become their own FSDP unit:
+      TRANSFORMER_BASED_WRAP (classes named in `transformer_cls_names_to_wrap`,
+      else the model's `_no_split_modules`), SIZE_BASED_WRAP (subtrees of at
+      least `min_num_params` parameters), NO_WRAP (the root only), or a
+      callable ``module -> bool``.
+    - `state_dict_type`: SHARDED_STATE_DICT (checkpoints written by every
+      process with `torch.distributed.checkpoint`) or FULL_STATE_DICT (one
+      full file written by the main process).
+    - `fsdp_version`: 2; 1 is accepted and run on FSDP2, with a one-line notice.
+
+    Example:
+        >>> plugin = FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP", fsdp_version=2)
+        >>> plugin.reshard_after_forward
+        False
+    """
+
+    fsdp_version: int = 2
+    sharding_strategy: str = "FULL_SHARD"
+    reshard_after_forward: bool | None = None  # None: from sharding_strategy
+    auto_wrap_policy: str | Callable[[Any], bool] | None = "TRANSFORMER_BASED_WRAP"
+    transformer_cls_names_to_wrap: list[str] | None = None
+    min_num_params: int = 100_000_000
+    state_dict_type: str = "SHARDED_STATE_DICT"
+    cpu_offload: bool = False
+    activation_checkpointing: bool = False
+    cpu_ram_efficient_loading: bool = True
+    sync_module_states: bool = True
+    mixed_precision_policy: Any = None  # a torch MixedPrecisionPolicy; None: from the Accelerator's mixed_precision
+    ignored_modules: list[Any] | None = None
+    # FSDP1 knobs that FSDP2 has no use for; accepted so peer scripts and files run, and ignored with a notice.
+    backward_prefetch: str | None = None
+    forward_prefetch: bool = False
+    use_orig_params: bool = True
+    limit_all_gathers: bool = True
+    notices: list[str] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sharding_strategy = _upper(getattr(self.sharding_strategy, "name", self.sharding_strategy))
+        self.state_dict_type = _upper(getattr(self.state_dict_type, "name", self.state_dict_type))
+        if isinstance(self.auto_wrap_policy, str):
+            self.auto_wrap_policy = self.auto_wrap_policy.upper()
+        if self.sharding_strategy not in SHARDING_STRATEGIES:
+            raise ValueError(f"sharding_strategy={self.sharding_strategy!r} is not one of {', '.join(SHARDING_STRATEGIES)}.")
+        if self.state_dict_type not in STATE_DICT_TYPES:
+            raise ValueError(f"state_dict_type={self.state_dict_type!r} is not one of {', '.join(STATE_DICT_TYPES)}.")
+        if isinstance(self.auto_wrap_policy, str) and self.auto_wrap_policy not in AUTO_WRAP_POLICIES:
+            raise ValueError(f"auto_wrap_policy={self.auto_wrap_policy!r} is not one of {', '.join(AUTO_WRAP_POLICIES)} "
+                             "(or a callable module -> bool).")
+        if self.fsdp_version not in (1, 2):
+            raise ValueError(f"fsdp_version={self.fsdp_version!r} must be 1 or 2.")
+        if self.fsdp_version == 1:
+            self.notices.append("fsdp_version 1 is run on FSDP2 (fully_shard) with the same settings; "
+                                "set fsdp_version: 2 to silence this notice.")
+        if isinstance(self.transformer_cls_names_to_wrap, str):
+            self.transformer_cls_names_to_wrap = [n.strip() for n in self.transformer_cls_names_to_wrap.split(",") if n.strip()]
+        if self.reshard_after_forward is None:
+            self.reshard_after_forward = self.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
+        elif not isinstance(self.reshard_after_forward, bool):  # the peer lets it name a strategy too
+            self.reshard_after_forward = _upper(getattr(self.reshard_after_forward, "name", self.reshard_after_forward)) in (
+                "FULL_SHARD", "HYBRID_SHARD", "TRUE")
+        if self.backward_prefetch not in (None, "NO_PREFETCH", "BACKWARD_PRE"):
+            self.notices.append(f"backward_prefetch={self.backward_prefetch} is an FSDP1 setting; FSDP2 prefetches "
+                                "the next unit itself, so it is not used.")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.sharding_strategy.startswith("HYBRID")
+
+    @property
+    def shards(self) -> bool:
+        return self.sharding_strategy != "NO_SHARD"
+
+    @classmethod
+    def from_launch_config(cls, section: dict[str, Any]) -> "FullyShardedDataParallelPlugin":
+        """Build from an `fsdp_config` section (config file or `--fsdp_*` flags, as `hasten.config.FSDPConfig` holds it).
+
+        Example:
+            >>> FullyShardedDataParallelPlugin.from_launch_config({"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}).state_dict_type
+            'FULL_STATE_DICT'
+        """
+        get = section.get
+        names = get("fsdp_transformer_layer_cls_to_wrap")
+        strategy = _upper(get("fsdp_sharding_strategy", "FULL_SHARD"))
+        # The file's reshard flag (FSDP2's name) defaults to true; a ZeRO-2-like strategy (FSDP1's name) turns it off.
+        reshard = bool(get("fsdp_reshard_after_forward", True)) and strategy not in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2")
+        return cls(
+            fsdp_version=int(get("fsdp_version", 2)),
+            sharding_strategy=strategy,
+            reshard_after_forward=reshard,
+            auto_wrap_policy=get("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"),
+            transformer_cls_names_to_wrap=names,
+            min_num_params=int(get("fsdp_min_num_params", 100_000_000)),
+            state_dict_type=get("fsdp_state_dict_type", "SHARDED_STATE_DICT"),
+            cpu_offload=bool(get("fsdp_offload_params", False)),
+            activation_checkpointing=bool(get("fsdp_activation_checkpointing", False)),
+            cpu_ram_efficient_loading=bool(get("fsdp_cpu_ram_efficient_loading", True)),
+            sync_module_states=bool(get("fsdp_sync_module_states", True)),
+            backward_prefetch=get("fsdp_backward_prefetch"),
+            forward_prefetch=bool(get("fsdp_forward_prefetch", False)),
+            use_orig_params=bool(get("fsdp_use_orig_params", True)),
+        )
+
+    def emit_notices(self) -> None:
+        for notice in self.notices:
+            warnings.warn(notice, stacklevel=3)
+        self.notices.clear()
