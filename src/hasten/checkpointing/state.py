@@ -181,7 +181,7 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
                 "num_processes": n,
                 "step": accelerator.gradient_state.step,
                 "files": all_files,
-                "contents": {"models": len(models), "optimizers": len(accelerator._optimizers),
+                "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(accelerator._optimizers),
                              "schedulers": len(accelerator._schedulers), "dataloaders": len(accelerator._dataloaders),
                              "custom": len(accelerator._custom_objects), "scaler": accelerator.scaler is not None,
                              "model_format": _model_format(strategy, safe_serialization)},
