@@ -18,6 +18,46 @@ from safetensors.torch import load_file
 from conftest import SCRIPTS, launch, run_with_timeout
 
 SCRIPT = "fsdp_train.py"
+PEER_CONFIG = """compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+fsdp_config:
+{fsdp_keys}machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+PEER_FSDP1 = """  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_backward_prefetch: BACKWARD_PRE
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_forward_prefetch: false
+  fsdp_offload_params: false
+  fsdp_sharding_strategy: FULL_SHARD
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_transformer_layer_cls_to_wrap: Block
+  fsdp_use_orig_params: true
+  fsdp_version: 1
+"""
+PEER_FSDP2 = """  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_offload_params: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_transformer_layer_cls_to_wrap: Block
+  fsdp_version: 2
+"""
 TOLERANCE = 1e-5
 STEPS = 8
 
@@ -31,6 +71,7 @@ def _runs(ckpt, ckpt_full, launched: bool) -> list[str]:
         f"ac:{batch}:1:0:{STEPS}:ac",  # size-based wrap + activation checkpointing
         f"ckpt:{batch}:1:0:{STEPS}:flags:save@3@{ckpt}",  # SHARDED_STATE_DICT (DCP)
         f"ckptfull:{batch}:1:0:{STEPS}:full:save@3@{ckpt_full}",  # FULL_STATE_DICT
+        f"bf16:{batch}:1:0:{STEPS}:bf16",  # bf16 compute (MixedPrecisionPolicy + autocast), fp32 reduce
     ]
 
 
@@ -42,11 +83,15 @@ def runs(tmp_path_factory):
     result = run_with_timeout([sys.executable, str(SCRIPTS / SCRIPT), str(one),
                                *_runs(root / "ref_ckpt", root / "ref_ckpt_full", False)], 180, env)
     assert result.returncode == 0, result.stderr
-    flags = ("--use_fsdp", "--fsdp_version", "1", "--fsdp_transformer_layer_cls_to_wrap", "Block")
-    first = launch(SCRIPT, str(two), *_runs(root / "ckpt", root / "ckpt_full", True), launch_args=flags, timeout=300)
+    # Config files as the peer's `accelerate config` writes them: FSDP1 for the first launch, FSDP2 for the second.
+    (root / "fsdp1.yaml").write_text(PEER_CONFIG.format(fsdp_keys=PEER_FSDP1))
+    (root / "fsdp2.yaml").write_text(PEER_CONFIG.format(fsdp_keys=PEER_FSDP2))
+    first = launch(SCRIPT, str(two), *_runs(root / "ckpt", root / "ckpt_full", True),
+                   launch_args=("--config_file", str(root / "fsdp1.yaml")), timeout=300)
     # a new launch resumes from each checkpoint and trains the remaining steps
     launch(SCRIPT, str(two), f"resumed:8:1:0:{STEPS}:flags:resume@{root / 'ckpt'}",
-           f"resumedfull:8:1:0:{STEPS}:full:resume@{root / 'ckpt_full'}", launch_args=flags, timeout=180)
+           f"resumedfull:8:1:0:{STEPS}:full:resume@{root / 'ckpt_full'}",
+           launch_args=("--config_file", str(root / "fsdp2.yaml")), timeout=180)
     return root, one, two, first
 
 
@@ -73,6 +118,16 @@ def test_fsdp_equals_one_unsharded_process(runs, name):
     losses_one, losses_two = _info(one, name)["losses"], _info(two, name)["losses"]
     assert losses_two == pytest.approx(losses_one, abs=1e-5)
     assert losses_one[-1] < losses_one[0]
+
+
+@pytest.mark.multiprocess
+def test_bf16_trains_close_to_the_bf16_reference(runs):
+    _, one, two, _ = runs
+    diff = _max_diff(_load(one / "bf16.safetensors"), _load(two / "bf16.safetensors"))
+    moved = _max_diff(_load(two / "bf16.safetensors"), _load(two / "plain.safetensors"))
+    assert diff < 0.05, f"bf16 FSDP drifted {diff:.3g} from the bf16 reference"
+    assert moved > 0, "bf16 gave exactly the fp32 result: the precision policy was not applied"
+    assert _info(two, "bf16")["losses"][-1] < _info(two, "bf16")["losses"][0]
 
 
 @pytest.mark.multiprocess

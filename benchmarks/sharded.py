@@ -1,0 +1,222 @@
+"""Sharded engines on 2 processes: peak memory per rank (DDP, FSDP2, ZeRO-3) and hasten's FSDP2 speed vs raw fully_shard.
+
+    python benchmarks/sharded.py            # ~100M-parameter transformer for memory, then the speed rounds
+    python benchmarks/sharded.py --quick    # a ~25M model, fewer rounds
+
+Memory: one `hasten launch` per mode (peak RSS is a high-water mark, so modes
+cannot share processes). Each rank builds the model, prepares it with AdamW,
+trains 3 steps and reports its peak RSS and the bytes of parameters,
+gradients and optimizer state it holds. Printed: a table with the ratio to DDP.
+
+Speed: in the same 2 processes, hasten's FSDP2 loop (Accelerator + prepared
+loader) and a hand-written FSDP2 loop (fully_shard per layer + root,
+DistributedSampler), alternating in short rounds; the ratio is the median
+over rounds of hasten steps/s / raw steps/s (target >= 0.99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(size: str, seed: int = 0):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    width, layers, vocab = {"100m": (768, 12, 16384), "25m": (512, 6, 8192), "speed": (256, 4, 2048)}[size]
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(width, width // 64, 4 * width, dropout=0.0, batch_first=True) for _ in range(layers))
+            self.head = nn.Linear(width, vocab)
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    return LM(), vocab
+
+
+def data(vocab: int, n: int, seq: int = 64):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (n, seq + 1), generator=g)
+    return torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+
+def held_bytes(model, optimizer) -> int:
+    """Bytes of parameters, gradients and optimizer state this process holds (its shards under FSDP/ZeRO)."""
+    import torch
+
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    total = 0
+    for p in model.parameters():
+        total += local(p).numel() * p.element_size()
+        if p.grad is not None:
+            total += local(p.grad).numel() * p.grad.element_size()
+        ds = getattr(p, "ds_tensor", None)  # DeepSpeed ZeRO-3 keeps the shard aside
+        if ds is not None:
+            total += ds.numel() * ds.element_size() - local(p).numel() * p.element_size()
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for state in getattr(inner, "state", {}).values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                total += local(v).numel() * v.element_size()
+    return total
+
+
+def memory_worker(mode: str, size: str, out: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, vocab = build(size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loader = torch.utils.data.DataLoader(data(vocab, 16), batch_size=2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for step, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        accelerator.backward(loss)
+        optimizer.step()
+        if step == 2:
+            break
+        optimizer.zero_grad()
+    held = held_bytes(model, optimizer)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    (out / f"{mode}.rank{accelerator.process_index}.json").write_text(json.dumps({"peak": peak, "held": held}))
+    accelerator.end_training()
+
+
+def speed_worker(rounds: int, steps: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hasten import Accelerator, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["TransformerEncoderLayer"], cpu_ram_efficient_loading=False,
+                                            sync_module_states=False)
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dataset = None
+
+    model_h, vocab = build("speed")
+    dataset = data(vocab, 4096)
+    opt_h = torch.optim.AdamW(model_h.parameters(), lr=1e-4)
+    loader_h = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True)
+    model_h, opt_h, loader_h = accelerator.prepare(model_h, opt_h, loader_h)
+
+    model_r, _ = build("speed")
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model_r.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model_r, mesh=mesh)
+    opt_r = torch.optim.AdamW(model_r.parameters(), lr=1e-4)
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, world, rank, shuffle=True, seed=0)
+    loader_r = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
+
+    def loop(model, optimizer, loader, backward):
+        iterator = iter(loader)
+        start = time.perf_counter()
+        for _ in range(steps):
+            x, y = next(iterator)
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        return steps / (time.perf_counter() - start)
+
+    ratios, hasten_rates, raw_rates = [], [], []
+    for r in range(rounds + 1):
+        order = [("h", model_h, opt_h, loader_h, accelerator.backward), ("r", model_r, opt_r, loader_r, lambda l: l.backward())]
+        if r % 2:
+            order.reverse()
+        rates = {}
+        for name, model, opt, loader, backward in order:
+            dist.barrier()
+            rates[name] = loop(model, opt, loader, backward)
+        if r == 0:
+            continue  # warm-up
+        hasten_rates.append(rates["h"])
+        raw_rates.append(rates["r"])
+        ratios.append(rates["h"] / rates["r"])
+    if rank == 0:
+        print(f"FSDP2 steps/s  hasten {statistics.median(hasten_rates):.2f}   raw fully_shard {statistics.median(raw_rates):.2f}   "
+              f"ratio (median of {rounds} alternating rounds) {statistics.median(ratios):.3f}  "
+              f"[min {min(ratios):.3f}, max {max(ratios):.3f}]", flush=True)
+    accelerator.end_training()
+
+
+def launch(args: list[str], launch_args: list[str] = ()) -> None:
+    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "-q", *launch_args,
+               str(Path(__file__).resolve()), *args]
+    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip_memory", action="store_true")
+    parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        kind, *rest = args.worker
+        if kind == "memory":
+            memory_worker(rest[0], rest[1], Path(rest[2]))
+        else:
+            speed_worker(int(rest[0]), int(rest[1]))
+        return 0
+    size = "25m" if args.quick else "100m"
+    if not args.skip_memory:
+        modes = {"DDP": [], "FSDP2": ["--use_fsdp", "--fsdp_transformer_layer_cls_to_wrap", "TransformerEncoderLayer"]}
+        if importlib.util.find_spec("deepspeed") is not None:
+            modes["ZeRO-3"] = ["--use_deepspeed", "--zero_stage", "3"]
+        else:
+            print("(DeepSpeed is not installed: no ZeRO-3 row; pip install 'hasten[deepspeed]')")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            for mode, flags in modes.items():
+                launch(["--worker", "memory", mode, size, str(out)], flags)
+            rows = {mode: [json.loads((out / f"{mode}.rank{r}.json").read_text()) for r in (0, 1)] for mode in modes}
+        model, _ = build(size)
+        params = sum(p.numel() for p in model.parameters())
+        print(f"\nPeak memory per rank, {params / 1e6:.0f}M-parameter transformer, AdamW fp32, 2 ranks")
+        print(f"{'mode':8} {'peak RSS (GiB)':>16} {'ratio to DDP':>13} {'params+grads+optimizer held (GiB)':>34} {'ratio':>6}")
+        base_peak = max(r["peak"] for r in rows["DDP"])
+        base_held = max(r["held"] for r in rows["DDP"])
+        for mode, ranks in rows.items():
+            peak, held = max(r["peak"] for r in ranks), max(r["held"] for r in ranks)
+            print(f"{mode:8} {peak / 2**30:16.2f} {peak / base_peak:13.2f} {held / 2**30:34.2f} {held / base_held:6.2f}")
+    rounds, steps = (6, 5) if args.quick else (12, 8)
+    print()
+    launch(["--worker", "speed", str(rounds), str(steps)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
