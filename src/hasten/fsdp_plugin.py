@@ -92,6 +92,11 @@ class FullyShardedDataParallelPlugin:
         elif not isinstance(self.reshard_after_forward, bool):  # the peer lets it name a strategy too
             self.reshard_after_forward = _upper(getattr(self.reshard_after_forward, "name", self.reshard_after_forward)) in (
                 "FULL_SHARD", "HYBRID_SHARD", "TRUE")
+        if self.forward_prefetch:
+            self.notices.append("forward_prefetch is an FSDP1 setting; FSDP2 overlaps the next unit's all-gather itself, "
+                                "so it is not used.")
+        if not self.use_orig_params:
+            self.notices.append("use_orig_params=False is an FSDP1 setting; FSDP2 always keeps the original parameters.")
         if self.backward_prefetch not in (None, "NO_PREFETCH", "BACKWARD_PRE"):
             self.notices.append(f"backward_prefetch={self.backward_prefetch} is an FSDP1 setting; FSDP2 prefetches "
                                 "the next unit itself, so it is not used.")
