@@ -191,6 +191,19 @@ def test_fsdp_version_1_runs_on_fsdp2_with_one_notice(runs):
     assert output.count("fsdp_version 1 is run on FSDP2") == 1, output[-2000:]
 
 
+@pytest.mark.multiprocess
+def test_hybrid_sharding_on_a_2d_mesh_equals_one_process(runs, tmp_path):
+    """4 processes: 2 replicas x 2 shards (ParallelismConfig), batch 4 each, against the reference's batch 16."""
+    _, one, _, _ = runs
+    launch(SCRIPT, str(tmp_path), f"plain:4:1:0:{STEPS}:hsdp", num_processes=4, launch_args=("--use_fsdp",), timeout=240)
+    diff = _max_diff(_load(one / "plain.safetensors"), _load(tmp_path / "plain.safetensors"))
+    assert diff <= TOLERANCE, f"HSDP on 4 processes differs from 1 unsharded process by {diff:.3g}"
+    infos = [_info(tmp_path, "plain", rank) for rank in range(4)]
+    assert infos[0]["mesh"] == ["dp_replicate", "dp_shard"]
+    total = infos[0]["total_params"]
+    assert all(0.4 * total <= i["local_params"] <= 0.6 * total for i in infos)  # sharded in 2, replicated twice
+
+
 def test_plugin_from_a_peer_config_section():
     from hasten import FullyShardedDataParallelPlugin
 

@@ -4,7 +4,8 @@ Usage: fsdp_train.py OUT_DIR RUN [RUN ...], each RUN ``name:batch:accum:sync_eac
 
 `variant`: ``flags`` (the plugin `hasten launch --use_fsdp ...` decoded), or an
 explicit plugin: ``ac`` (size-based wrap + activation checkpointing), ``full``
-(FULL_STATE_DICT checkpoints), ``bf16`` (mixed precision). Run without a
+(FULL_STATE_DICT checkpoints), ``bf16`` (mixed precision), ``hsdp`` (a 2-D mesh:
+2 replicas x WORLD_SIZE/2 shards). Run without a
 launcher, every variant trains unsharded: the 1-process reference.
 `action`: ``save@K@DIR`` saves a checkpoint after K optimizer steps and goes
 on; ``resume@DIR`` loads it and trains the remaining steps; ``midsave`` tries to
@@ -57,6 +58,14 @@ def make_data() -> TensorDataset:
     return TensorDataset(x, y)
 
 
+def parallelism_for(variant: str):
+    if "WORLD_SIZE" not in os.environ or variant != "hsdp":
+        return None
+    from hasten import ParallelismConfig
+
+    return ParallelismConfig(dp_replicate_size=2, dp_shard_size=int(os.environ["WORLD_SIZE"]) // 2)
+
+
 def plugin_for(variant: str):
     if "WORLD_SIZE" not in os.environ or variant == "flags":
         return None  # the reference run, or whatever `hasten launch` decoded
@@ -74,6 +83,7 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
     set_seed(42)
     plugin = GradientAccumulationPlugin(num_steps=accum, sync_each_batch=sync_each)
     accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=plugin, fsdp_plugin=plugin_for(variant),
+                              parallelism_config=parallelism_for(variant),
                               mixed_precision="bf16" if variant == "bf16" else "no",
                               dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     model = Net()
@@ -119,7 +129,8 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
         accelerator.save({k: v.float().contiguous() for k, v in state.items()}, out / f"{name}.safetensors")
     info = {"losses": losses, "local_params": local, "total_params": total, "state_keys": len(state), "error": error,
             "distributed_type": accelerator.state.distributed_type.value,
-            "fsdp_plugin": type(accelerator.state.fsdp_plugin).__name__}
+            "fsdp_plugin": type(accelerator.state.fsdp_plugin).__name__,
+            "mesh": list(getattr(accelerator.strategy, "mesh", None).mesh_dim_names or ()) if variant == "hsdp" else None}
     (out / f"{name}.rank{accelerator.process_index}.json").write_text(json.dumps(info))
     accelerator.wait_for_everyone()
 
