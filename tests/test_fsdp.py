@@ -192,16 +192,22 @@ def test_fsdp_version_1_runs_on_fsdp2_with_one_notice(runs):
 
 
 @pytest.mark.multiprocess
-def test_hybrid_sharding_on_a_2d_mesh_equals_one_process(runs, tmp_path):
+def test_2d_meshes_equal_one_process(runs, tmp_path):
     """4 processes: 2 replicas x 2 shards (ParallelismConfig), batch 4 each, against the reference's batch 16."""
     _, one, _, _ = runs
-    launch(SCRIPT, str(tmp_path), f"plain:4:1:0:{STEPS}:hsdp", num_processes=4, launch_args=("--use_fsdp",), timeout=240)
-    diff = _max_diff(_load(one / "plain.safetensors"), _load(tmp_path / "plain.safetensors"))
-    assert diff <= TOLERANCE, f"HSDP on 4 processes differs from 1 unsharded process by {diff:.3g}"
-    infos = [_info(tmp_path, "plain", rank) for rank in range(4)]
-    assert infos[0]["mesh"] == ["dp_replicate", "dp_shard"]
-    total = infos[0]["total_params"]
-    assert all(0.4 * total <= i["local_params"] <= 0.6 * total for i in infos)  # sharded in 2, replicated twice
+    # and 2 shards x 2-way tensor parallel (batch 8 per data-parallel group: the 2 processes of a group see the same)
+    launch(SCRIPT, str(tmp_path), f"plain:4:1:0:{STEPS}:hsdp", f"tp:8:1:0:{STEPS}:tp", num_processes=4,
+           launch_args=("--use_fsdp",), timeout=240)
+    for name, mesh in (("plain", ["dp_replicate", "dp_shard"]), ("tp", ["dp_shard", "tp"])):
+        diff = _max_diff(_load(one / "plain.safetensors"), _load(tmp_path / f"{name}.safetensors"))
+        assert diff <= TOLERANCE, f"{mesh} on 4 processes differs from 1 unsharded process by {diff:.3g}"
+        infos = [_info(tmp_path, name, rank) for rank in range(4)]
+        assert infos[0]["mesh"] == mesh
+        assert infos[0]["losses"] == pytest.approx(_info(one, "plain")["losses"], abs=1e-5)
+    total = _info(tmp_path, "plain")["total_params"]
+    assert all(0.4 * total <= _info(tmp_path, "plain", r)["local_params"] <= 0.6 * total for r in range(4))
+    # tensor parallel x FSDP: the Blocks' weights are split 4 ways
+    assert all(_info(tmp_path, "tp", r)["local_params"] < 0.4 * total for r in range(4))
 
 
 def test_plugin_from_a_peer_config_section():

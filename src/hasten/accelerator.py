@@ -354,11 +354,13 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         place = self.device_placement if device_placement is None else device_placement
         from .data import prepare_data_loader  # imported on first use: `from hasten import Accelerator` stays fast
 
+        data_groups, data_group = self.strategy.data_parallel_layout(self.num_processes, self.process_index)
+
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=data_groups,
+            process_index=data_group,
             split_batches=self.split_batches,
             even_batches=self.even_batches,
             gradient_state=self.gradient_state,

@@ -5,7 +5,7 @@ Usage: fsdp_train.py OUT_DIR RUN [RUN ...], each RUN ``name:batch:accum:sync_eac
 `variant`: ``flags`` (the plugin `hasten launch --use_fsdp ...` decoded), or an
 explicit plugin: ``ac`` (size-based wrap + activation checkpointing), ``full``
 (FULL_STATE_DICT checkpoints), ``bf16`` (mixed precision), ``hsdp`` (a 2-D mesh:
-2 replicas x WORLD_SIZE/2 shards). Run without a
+2 replicas x WORLD_SIZE/2 shards), ``tp`` (WORLD_SIZE/2 shards x 2-way tensor parallel). Run without a
 launcher, every variant trains unsharded: the 1-process reference.
 `action`: ``save@K@DIR`` saves a checkpoint after K optimizer steps and goes
 on; ``resume@DIR`` loads it and trains the remaining steps; ``midsave`` tries to
@@ -59,11 +59,14 @@ def make_data() -> TensorDataset:
 
 
 def parallelism_for(variant: str):
-    if "WORLD_SIZE" not in os.environ or variant != "hsdp":
+    if "WORLD_SIZE" not in os.environ or variant not in ("hsdp", "tp"):
         return None
     from hasten import ParallelismConfig
 
-    return ParallelismConfig(dp_replicate_size=2, dp_shard_size=int(os.environ["WORLD_SIZE"]) // 2)
+    half = int(os.environ["WORLD_SIZE"]) // 2
+    if variant == "tp":  # each Block's up-projection split by columns, down-projection by rows
+        return ParallelismConfig(dp_shard_size=half, tp_size=2, tp_handler={"blocks.*.up": "colwise", "blocks.*.down": "rowwise"})
+    return ParallelismConfig(dp_replicate_size=2, dp_shard_size=half)
 
 
 def plugin_for(variant: str):
@@ -130,7 +133,7 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
     info = {"losses": losses, "local_params": local, "total_params": total, "state_keys": len(state), "error": error,
             "distributed_type": accelerator.state.distributed_type.value,
             "fsdp_plugin": type(accelerator.state.fsdp_plugin).__name__,
-            "mesh": list(getattr(accelerator.strategy, "mesh", None).mesh_dim_names or ()) if variant == "hsdp" else None}
+            "mesh": list(getattr(accelerator.strategy, "mesh", None).mesh_dim_names or ()) if variant in ("hsdp", "tp") else None}
     (out / f"{name}.rank{accelerator.process_index}.json").write_text(json.dumps(info))
     accelerator.wait_for_everyone()
 

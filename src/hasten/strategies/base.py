@@ -145,6 +145,13 @@ class Strategy:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
+    def data_parallel_layout(self, num_processes: int, process_index: int) -> tuple[int, int]:
+        """(number of data-parallel groups, this process's group): what data loaders shard over.
+
+        Processes that split one model's tensors (tensor parallel) must see the same batches.
+        """
+        return num_processes, process_index
+
     # -- state for checkpoints ------------------------------------------------------------
     # Every process calls these (a sharded strategy gathers); only the returned values differ.
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

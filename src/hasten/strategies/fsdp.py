@@ -137,6 +137,18 @@ class FSDPStrategy(Strategy):
             return init_device_mesh(self.device.type, (1,), mesh_dim_names=("dp_shard",))
         return self.mesh[tuple(names)] if len(names) > 1 else self.mesh[names[0]]
 
+    def _tensor_parallel_plan(self) -> Any:
+        """The plan given through `ParallelismConfig(tp_handler=...)` (a dict, or an object with `tp_plan`); None: the model's own."""
+        handler = getattr(self.parallelism_config, "tp_handler", None)
+        return handler if isinstance(handler, dict) or handler is None else getattr(handler, "tp_plan", None)
+
+    def data_parallel_layout(self, num_processes: int, process_index: int) -> tuple[int, int]:
+        if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
+            return num_processes, process_index
+        self.mesh  # noqa: B018 - built on first use
+        dp = self.parallelism_config.submesh("dp")
+        return dp.size(), dp.get_local_rank()
+
     def _mixed_precision_policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -167,7 +179,7 @@ class FSDPStrategy(Strategy):
         if "tp" in names:
             from ..parallel.tensor import apply_tensor_parallel
 
-            apply_tensor_parallel(model, self.mesh["tp"], getattr(self.parallelism_config, "tp_plan", None))
+            apply_tensor_parallel(model, self.mesh["tp"], self._tensor_parallel_plan())
         is_unit = wrap_unit_filter(self.plugin, model)
         # Containers without a forward (ModuleList, ModuleDict) cannot be units; their children can.
         units = [m for m in model.modules() if m is not model and is_unit(m) and type(m).forward is not nn.Module.forward]
@@ -222,8 +234,25 @@ class FSDPStrategy(Strategy):
         return _GradientSyncOff(model)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float, optimizers: Sequence[Any]) -> torch.Tensor:
-        total = super().clip_grad_norm_(parameters, max_norm, norm_type, optimizers)
-        return total.full_tensor() if hasattr(total, "full_tensor") else total
+        """Clip by the global norm; gradients on different meshes (FSDP only vs FSDP x TP) are normed per mesh, then combined."""
+        self.unscale_gradients(optimizers)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for p in params:
+            if p.grad is not None:
+                groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
+        norms = []
+        for grads in groups.values():
+            norm = torch.nn.utils.get_total_norm(grads, norm_type)
+            norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if not norms:
+            return torch.tensor(0.0)
+        stacked = torch.stack(norms)
+        total = stacked.max() if norm_type == float("inf") else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for grads in groups.values():  # scale each shard in place (a DTensor multiply would mix meshes)
+            torch._foreach_mul_([g.to_local() if hasattr(g, "to_local") else g for g in grads], coefficient)
+        return total
 
     # -- state ----------------------------------------------------------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
