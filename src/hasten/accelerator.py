@@ -266,6 +266,10 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
             raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
         results: list[Any] = list(args)
         # Models and optimizers are set up together: a sharded strategy replaces the parameters optimizers hold.
+        loaders = [obj for obj in args if isinstance(obj, DataLoader) and obj.batch_size is not None]
+        if loaders:  # an engine (DeepSpeed) sizes its batches from it
+            per_process = loaders[0].batch_size // (self.num_processes if self.split_batches else 1)
+            self.strategy.observe_micro_batch_size(per_process)
         model_slots = [i for i, obj in enumerate(args) if isinstance(obj, nn.Module)]
         optimizer_slots = [i for i, obj in enumerate(args) if isinstance(obj, torch.optim.Optimizer)]
         prepared_models, prepared_optimizers = self._setup(

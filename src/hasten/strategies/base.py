@@ -64,6 +64,9 @@ class Strategy:
         prepared_optimizers = [self.setup_optimizer(optimizer) for optimizer in optimizers]
         return prepared_models, prepared_optimizers
 
+    def observe_micro_batch_size(self, batch_size: int | None) -> None:
+        """The per-process batch size of the training loader, told before set-up (an engine may size buffers by it)."""
+
     def setup_module(self, model: nn.Module) -> nn.Module:
         """Cast the forward for the precision and place the model (subclasses wrap it)."""
         self.cast_forward(model)
