@@ -130,6 +130,11 @@ def test_config_accumulation_fills_the_accelerator_default():
     accelerator = Accelerator(cpu=True, deepspeed_plugin=plugin)
     assert accelerator.gradient_accumulation_steps == 4
     assert accelerator.state.deepspeed_plugin is plugin and accelerator.distributed_type.value == "DEEPSPEED"
+    # an explicit 1 is a choice, not a default: it must agree with the file
+    with pytest.raises(DeepSpeedConfigError, match="gradient_accumulation_steps"):
+        Accelerator(cpu=True, gradient_accumulation_steps=1,
+                    deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2},
+                                                                   "gradient_accumulation_steps": 4}))
 
 
 def test_bf16_in_config_without_mixed_precision_is_one_clear_error():

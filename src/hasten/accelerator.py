@@ -146,6 +146,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         self._init_tracking(log_with)
 
         plugin = gradient_accumulation_plugin
+        accumulation_given = not (plugin is None and gradient_accumulation_steps is None and spec.gradient_accumulation_steps is None)
         if plugin is not None and gradient_accumulation_steps is not None:
             raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
         if plugin is None:
@@ -169,6 +170,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
             parallelism_config=parallelism_config,
             gradient_state=self.gradient_state,
             sync_each_batch=plugin.sync_each_batch,
+            accumulation_given=accumulation_given,
         )
         self.precision = self.strategy.precision
         self.scaler = self.precision.scaler

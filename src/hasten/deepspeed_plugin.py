@@ -309,11 +309,14 @@ class DeepSpeedPlugin:
                        else f"{auto} or pass a mixed_precision other than '{dtype}'")
                 raise _conflict(f"{dtype}.enabled", enabled, "the Accelerator's mixed_precision", mixed_precision, fix)
 
-    def resolve_accumulation(self, accelerator_steps: int) -> int:
-        """The accumulation steps both sides use: the file's if the Accelerator left the default 1, else they must agree.
+    def resolve_accumulation(self, accelerator_steps: int, given: bool = True) -> int:
+        """The accumulation steps both sides use; `given`: the script or launcher set the Accelerator's explicitly.
+
+        A number the DeepSpeed config sets must equal one given to the
+        Accelerator; when none was given, the config's number is used.
 
         Example:
-            >>> DeepSpeedPlugin(gradient_accumulation_steps=4).resolve_accumulation(1)
+            >>> DeepSpeedPlugin(gradient_accumulation_steps=4).resolve_accumulation(1, given=False)
             4
             >>> DeepSpeedPlugin().resolve_accumulation(2)
             2
@@ -323,7 +326,7 @@ class DeepSpeedPlugin:
             steps = accelerator_steps
         else:
             steps = int(value)
-            if accelerator_steps != 1 and steps != accelerator_steps:
+            if given and steps != accelerator_steps:
                 raise _conflict("gradient_accumulation_steps", steps, "the Accelerator's gradient_accumulation_steps",
                                 accelerator_steps, "give the same number in both places, or set it to \"auto\" in the DeepSpeed config")
         self.hf_ds_config.set_value("gradient_accumulation_steps", steps)

@@ -26,6 +26,7 @@ def select_strategy(
     parallelism_config: Any = None,
     gradient_state: Any = None,
     sync_each_batch: bool = False,
+    accumulation_given: bool = True,
 ) -> Strategy:
     """Choose the strategy and its precision together, once.
 
@@ -45,7 +46,8 @@ def select_strategy(
         from .deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy.create(device, world_size, mixed_precision, deepspeed_plugin,
-                                        gradient_state=gradient_state, parallelism_config=parallelism_config)
+                                        gradient_state=gradient_state, parallelism_config=parallelism_config,
+                                        accumulation_given=accumulation_given)
     if fsdp_plugin is not None or (parallelism_config is not None and parallelism_config.needs_sharded_engine):
         from .fsdp import FSDPStrategy
 

@@ -89,7 +89,7 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def create(cls, device: torch.device, world_size: int, mixed_precision: str, plugin: DeepSpeedPlugin, *,
-               gradient_state: Any, parallelism_config: Any) -> "DeepSpeedStrategy":
+               gradient_state: Any, parallelism_config: Any, accumulation_given: bool = True) -> "DeepSpeedStrategy":
         """Check the plugin against the Accelerator's settings now (in `Accelerator()`), not at `prepare`."""
         if not isinstance(plugin, DeepSpeedPlugin):
             raise TypeError(f"deepspeed_plugin must be a hasten DeepSpeedPlugin, got {type(plugin).__name__}.")
@@ -103,9 +103,9 @@ class DeepSpeedStrategy(Strategy):
         precision = PrecisionPolicy(name=mixed_precision, device_type=device.type, dtype=_DTYPES.get(mixed_precision))
         strategy = cls(device, precision, plugin, gradient_state, world_size)
         steps = gradient_state.num_steps if gradient_state is not None else 1
-        strategy.accumulation_steps = plugin.resolve_accumulation(steps)
+        strategy.accumulation_steps = plugin.resolve_accumulation(steps, given=accumulation_given)
         if gradient_state is not None:
-            gradient_state.num_steps = strategy.accumulation_steps  # the Accelerator's default 1 follows the file
+            gradient_state.num_steps = strategy.accumulation_steps  # an Accelerator given no number follows the file
         return strategy
 
     @property
