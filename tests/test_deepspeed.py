@@ -189,3 +189,20 @@ def test_from_launch_config():
     assert plugin.zero_stage == 1 and plugin.get_value("gradient_accumulation_steps") == 4
     assert plugin.get_value("zero_optimization.offload_optimizer.device") == "cpu"
     assert plugin.get_value("gradient_clipping") == 0.5
+
+
+def test_fp16_on_cpu_is_one_clear_error():
+    with pytest.raises(ValueError, match="fp16 on CPUs"):
+        Accelerator(cpu=True, mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_zero3_bf16_trains_like_fp32(tmp_path):
+    """DeepSpeed casts the model to bf16 (no GradScaler, no double cast); the losses follow the fp32 run's."""
+    launch("ds_precision.py", str(tmp_path), "3", "no", "bf16", num_processes=2, timeout=300)
+    fp32, bf16 = (json.loads((tmp_path / f"{p}.json").read_text()) for p in ("no", "bf16"))
+    assert fp32["dtype"] == "torch.float32" and bf16["dtype"] == "torch.bfloat16"
+    assert bf16["losses"] != fp32["losses"]  # the precision really changed the arithmetic
+    assert bf16["losses"] == pytest.approx(fp32["losses"], abs=0.02)
+    assert sum(bf16["losses"][-8:]) < sum(bf16["losses"][:8])

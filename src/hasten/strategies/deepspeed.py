@@ -97,6 +97,8 @@ class DeepSpeedStrategy(Strategy):
             raise ValueError("DeepSpeed and a ParallelismConfig that shards or splits tensors cannot be combined; "
                              "drop one of deepspeed_plugin or parallelism_config.")
         check_precision_supported(mixed_precision, device.type)
+        if mixed_precision == "fp16" and device.type == "cpu":  # DeepSpeed's CPU accelerator has no fp16 engine
+            raise ValueError("DeepSpeed cannot train in fp16 on CPUs; use mixed_precision='bf16' or 'no' there.")
         plugin.check_mixed_precision(mixed_precision)
         # DeepSpeed casts the model and scales the loss itself: no GradScaler. Autocast only lets fp32 inputs
         # meet the 16-bit weights DeepSpeed made.
