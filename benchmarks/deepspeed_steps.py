@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _launch import launch_self
+
 
 
 def build(seed: int):
@@ -151,11 +148,7 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(Path(__file__).resolve()), "--worker"]
-    if args.quick:
-        command.append("--quick")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, env=env, cwd=ROOT).returncode
+    return launch_self(__file__, "--worker", *(["--quick"] if args.quick else []))
 
 
 if __name__ == "__main__":

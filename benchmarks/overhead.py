@@ -22,15 +22,14 @@ import argparse
 import contextlib
 import functools
 import gc
-import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _launch import launch_self
+
 
 
 # ---------------------------------------------------------------------------- models and data
@@ -297,11 +296,7 @@ def main() -> int:
         worker(args)
         return 0
     compare_imports(repeats=3 if args.quick else 7)
-    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(Path(__file__).resolve()), "--worker"]
-    if args.quick:
-        command.append("--quick")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, env=env, cwd=ROOT).returncode
+    return launch_self(__file__, "--worker", *(["--quick"] if args.quick else []))
 
 
 if __name__ == "__main__":

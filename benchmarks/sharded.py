@@ -19,16 +19,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _launch import launch_self
+
 
 
 def build(size: str, seed: int = 0):
@@ -193,12 +192,6 @@ def speed_worker(rounds: int, steps: int) -> None:
     accelerator.end_training()
 
 
-def launch(args: list[str], launch_args: list[str] = ()) -> None:
-    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "-q", *launch_args,
-               str(Path(__file__).resolve()), *args]
-    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -222,7 +215,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             for mode, flags in modes.items():
-                launch(["--worker", "memory", mode, size, str(out)], flags)
+                launch_self(__file__, "--worker", "memory", mode, size, str(out), launch_args=("-q", *flags), check=True)
             rows = {mode: [json.loads((out / f"{mode}.rank{r}.json").read_text()) for r in (0, 1)] for mode in modes}
         model, _ = build(size)
         params = sum(p.numel() for p in model.parameters())
@@ -239,7 +232,7 @@ def main() -> int:
               "full model on every rank)")
     rounds, steps = (6, 5) if args.quick else (12, 8)
     print()
-    launch(["--worker", "speed", str(rounds), str(steps)])
+    launch_self(__file__, "--worker", "speed", str(rounds), str(steps), launch_args=("-q",), check=True)
     return 0
 
 
