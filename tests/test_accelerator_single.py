@@ -56,8 +56,10 @@ def test_unknown_precision(bad):
 
 
 def test_unsupported_and_unknown_arguments():
-    with pytest.raises(NotImplementedError, match="DeepSpeed support"):
+    with pytest.raises(TypeError, match="must be a hasten DeepSpeedPlugin"):
         Accelerator(cpu=True, deepspeed_plugin=object())
+    with pytest.raises(TypeError, match="must be a hasten FullyShardedDataParallelPlugin"):
+        Accelerator(cpu=True, fsdp_plugin=object())
     with pytest.raises(TypeError, match="unexpected keyword argument 'mixed_precison'"):
         Accelerator(cpu=True, mixed_precison="bf16")
     with pytest.raises(ValueError, match="gradient_accumulation_steps must be an integer >= 1"):

@@ -99,6 +99,8 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
+        if not isinstance(plugin, FullyShardedDataParallelPlugin):
+            raise TypeError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(plugin).__name__}.")
         if dist.is_initialized() and dist.get_rank() == 0:
             plugin.emit_notices()
         plugin.notices.clear()
