@@ -10,8 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def launch_self(script: str, *args: str, launch_args: tuple[str, ...] = (), check: bool = False) -> int:
-    """Run `script` with `args` in 2 processes through `hasten launch`; returns the exit status."""
+def launch_self(script: str, *args: str, launch_args: tuple[str, ...] = (), check: bool = False,
+                env: dict[str, str] | None = None) -> int:
+    """Run `script` with `args` in 2 processes through `hasten launch` (extra `env` on top); returns the exit status."""
     command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", *launch_args,
                str(Path(script).resolve()), *args]
-    return subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT, check=check).returncode
+    return subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, cwd=ROOT, check=check).returncode

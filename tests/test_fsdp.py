@@ -72,6 +72,7 @@ def _runs(ckpt, ckpt_full, launched: bool) -> list[str]:
         f"ckpt:{batch}:1:0:{STEPS}:flags:save@3@{ckpt}",  # SHARDED_STATE_DICT (DCP)
         f"ckptfull:{batch}:1:0:{STEPS}:full:save@3@{ckpt_full}",  # FULL_STATE_DICT
         f"bf16:{batch}:1:0:{STEPS}:bf16",  # bf16 compute (MixedPrecisionPolicy + autocast), fp32 reduce
+        f"meta:{batch}:1:0:{STEPS}:meta",  # cpu_ram_efficient_loading: rank 1 builds on meta, gets rank 0's weights
     ]
 
 
@@ -109,7 +110,7 @@ def _info(directory, name, rank=0):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["plain", "accum", "accumsync", "ac", "ckpt", "ckptfull"])
+@pytest.mark.parametrize("name", ["plain", "accum", "accumsync", "ac", "ckpt", "ckptfull", "meta"])
 def test_fsdp_equals_one_unsharded_process(runs, name):
     _, one, two, _ = runs
     reference, sharded = _load(one / f"{name}.safetensors"), _load(two / f"{name}.safetensors")

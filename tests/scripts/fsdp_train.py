@@ -4,7 +4,8 @@ Usage: fsdp_train.py OUT_DIR RUN [RUN ...], each RUN ``name:batch:accum:sync_eac
 
 `variant`: ``flags`` (the plugin `hasten launch --use_fsdp ...` decoded), or an
 explicit plugin: ``ac`` (size-based wrap + activation checkpointing), ``full``
-(FULL_STATE_DICT checkpoints), ``bf16`` (mixed precision), ``hsdp`` (a 2-D mesh:
+(FULL_STATE_DICT checkpoints), ``bf16`` (mixed precision), ``meta`` (the other
+processes build the model on the meta device and receive the main process's weights), ``hsdp`` (a 2-D mesh:
 2 replicas x WORLD_SIZE/2 shards), ``tp`` (WORLD_SIZE/2 shards x 2-way tensor parallel). Run without a
 launcher, every variant trains unsharded: the 1-process reference.
 `action`: ``save@K@DIR`` saves a checkpoint after K optimizer steps and goes
@@ -89,7 +90,11 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
                               parallelism_config=parallelism_for(variant),
                               mixed_precision="bf16" if variant == "bf16" else "no",
                               dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
-    model = Net()
+    if variant == "meta" and accelerator.process_index != 0:  # only the main process holds real weights
+        with torch.device("meta"):
+            model = Net()
+    else:
+        model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)  # built before prepare on purpose
     loader = DataLoader(make_data(), batch_size=batch, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
