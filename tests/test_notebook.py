@@ -216,6 +216,10 @@ def test_worker_exception_reaches_the_caller(tmp_path, launcher, healthy_rank_is
     elapsed = time.monotonic() - start
     error = caught.value
     message = str(error)
+    # scripts written for torchrun or the peer catch torch's error type (and RuntimeError)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    assert isinstance(error, ChildFailedError) and isinstance(error, RuntimeError) and error.failures
 
     # the root cause (rank 1's ValueError), not rank 0's lost-peer error or its stop
     assert error.rank == 1, message

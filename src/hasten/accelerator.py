@@ -75,6 +75,12 @@ def _engine_plugins(fsdp_plugin: Any, deepspeed_plugin: Any, spec: LaunchSpec) -
     return fsdp_plugin, deepspeed_plugin
 
 
+def _is_prepared_loader(obj: Any) -> bool:
+    from .data.loader import PreparedDataLoader
+
+    return isinstance(obj, PreparedDataLoader)
+
+
 def _is_preparable(obj: Any) -> bool:
     return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
 
@@ -263,7 +269,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         placement = device_placement or [None] * len(args)
         for obj in args:
             self._refuse_prepared(obj)
-        preparable = [id(obj) for obj in args if _is_preparable(obj)]
+        preparable = [id(obj) for obj in args if _is_preparable(obj) and not _is_prepared_loader(obj)]
         if len(set(preparable)) < len(preparable):
             raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
         results: list[Any] = list(args)
@@ -318,6 +324,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         return prepared_models, prepared_optimizers
 
     def _refuse_prepared(self, obj: Any) -> None:
+        if _is_prepared_loader(obj):
+            return  # a prepared loader passed again comes back unchanged (scripts that re-prepare rely on it)
         if id(obj) in self._seen and self._seen[id(obj)] is obj:
             kind = type(obj).__name__
             raise ValueError(
@@ -355,7 +363,12 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         return self._setup([], [], [optimizer])[1][0]
 
     def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
-        """Shard the loader across processes and move its batches to the device (see `hasten.data`)."""
+        """Shard the loader across processes and move its batches to the device (see `hasten.data`).
+
+        A loader that is already prepared is returned unchanged.
+        """
+        if _is_prepared_loader(data_loader):
+            return data_loader
         self._refuse_prepared(data_loader)
         place = self.device_placement if device_placement is None else device_placement
         from .data import prepare_data_loader  # imported on first use: `from hasten import Accelerator` stays fast

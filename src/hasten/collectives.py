@@ -307,8 +307,14 @@ def share_bounds(length: int, index: int, count: int) -> tuple[int, int]:
     return start, start + base + (1 if index < extra else 0)
 
 
+def _is_row_dataset(inputs: Any) -> bool:
+    """A table of rows with `select(indices)` (Hugging Face `datasets.Dataset` and look-alikes)."""
+    return (not isinstance(inputs, (Mapping, list, tuple, torch.Tensor, str)) and callable(getattr(inputs, "select", None))
+            and hasattr(inputs, "__len__"))
+
+
 def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool = False) -> Any:
-    """Process `index`'s contiguous share of `inputs` (list, tuple, tensor, or dict of those).
+    """Process `index`'s contiguous share of `inputs` (list, tuple, tensor, dict of those, or a `datasets.Dataset`).
 
     Example:
         >>> split_for_process([1, 2, 3], index=1, count=2)
@@ -318,6 +324,13 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
     """
     if count == 1:
         return inputs
+    if _is_row_dataset(inputs):  # a `datasets.Dataset`: slicing it gives a dict of columns, so select rows instead
+        length = len(inputs)
+        start, end = share_bounds(length, index, count)
+        rows = list(range(start, end))
+        if apply_padding and length:
+            rows += [rows[-1] if rows else length - 1] * (-(-length // count) - len(rows))
+        return inputs.select(rows)
     if isinstance(inputs, Mapping):
         lengths = {len(v) for v in inputs.values()}
         if len(lengths) > 1:

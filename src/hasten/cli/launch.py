@@ -70,6 +70,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="start a training script on 1 or N processes, on 1 or N machines",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # `script.py --start 1`: the script's own flags are never prefixes of launcher options
     )
     parser.add_argument("--config_file", "--config-file", default=None, metavar="PATH",
                         help=f"config file to read (default: {default_config_path()} if it exists)")

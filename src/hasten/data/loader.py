@@ -311,9 +311,20 @@ def prepare_data_loader(
             global_batch_size=per_process * num_processes, **common
         )
 
+    if dataloader.batch_sampler is None and isinstance(dataloader.sampler, BatchSampler):
+        # batch_size=None over a BatchSampler: each item is a list of indices the dataset fetches at once.
+        pre_batched: Any = dataloader.sampler
+        padded_remainder = 0
+        if num_processes > 1:
+            pre_batched = ShardedBatchSampler(pre_batched, num_processes, process_index, split_batches, even_batches)
+            padded_remainder = pre_batched.padded_remainder
+        size = dataloader.sampler.batch_size
+        return PreparedDataLoader(dataset, batch_size=None, sampler=pre_batched, padded_remainder=padded_remainder,
+                                  global_batch_size=size if split_batches else size * num_processes, **common)
     if dataloader.batch_sampler is None:
         raise ValueError(
-            "prepare needs a DataLoader with automatic batching; set batch_size (or batch_sampler) on it."
+            "prepare needs a DataLoader with automatic batching; set batch_size (or batch_sampler) on it, "
+            "or give it a BatchSampler as sampler with batch_size=None."
         )
     batch_sampler = dataloader.batch_sampler
     sampler = getattr(batch_sampler, "sampler", None)

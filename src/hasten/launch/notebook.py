@@ -49,6 +49,8 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 from ..launch_spec import LaunchSpec
 from .plan import LaunchError, available_cpus, find_free_port, port_in_use
 
@@ -69,8 +71,12 @@ _QUIET_LOGGERS = {
 _AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
-class WorkerFailedError(RuntimeError):
+class WorkerFailedError(ChildFailedError, RuntimeError):
     """A launched process raised: the root cause, with its rank and the worker's traceback.
+
+    A `ChildFailedError` (what scripts written for torchrun or the peer
+    catch, with its `name` and `failures`), whose message is hasten's own:
+    the failing rank and its exception rather than torch's table.
 
     Attributes:
         rank: global rank of the process that failed first (not counting
@@ -80,8 +86,11 @@ class WorkerFailedError(RuntimeError):
         worker_traceback: the worker's traceback text (may be empty).
     """
 
-    def __init__(self, message: str, rank: int, error: str = "", worker_traceback: str = "") -> None:
-        super().__init__(message)
+    def __init__(self, message: str, rank: int, error: str = "", worker_traceback: str = "",
+                 failures: Mapping[int, Any] | None = None) -> None:
+        self.name = "notebook_launcher"
+        self.failures = dict(failures or {})
+        Exception.__init__(self, message)  # not ChildFailedError's: its message is torch's table
         self.rank = rank
         self.error = error
         self.worker_traceback = worker_traceback
@@ -319,7 +328,6 @@ def _launch(
     """Start the workers through torch's elastic agent, wait, and raise the root cause of a failure."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     env = {
@@ -458,7 +466,7 @@ def _worker_failed(failures: Mapping[int, Any], world_size: int, log_dir: str, f
     message = f"rank {rank} of {world_size} {what}"
     if stack:
         message += f"\n\nTraceback of rank {rank}:\n{stack.rstrip()}"
-    return WorkerFailedError(message, rank=rank, error=error, worker_traceback=stack)
+    return WorkerFailedError(message, rank=rank, error=error, worker_traceback=stack, failures=failures)
 
 
 # -- small context managers ----------------------------------------------------------------------
