@@ -20,6 +20,7 @@ def select_strategy(
     mixed_precision: str = "no",
     *,
     ddp_kwargs: dict[str, Any] | None = None,
+    ddp_comm_hook: Any = None,
     scaler_kwargs: dict[str, Any] | None = None,
     fsdp_plugin: Any = None,
     deepspeed_plugin: Any = None,
@@ -48,6 +49,13 @@ def select_strategy(
         return DeepSpeedStrategy.create(device, world_size, mixed_precision, deepspeed_plugin,
                                         gradient_state=gradient_state, parallelism_config=parallelism_config,
                                         accumulation_given=accumulation_given)
+    if fsdp_plugin is not None and world_size == 1 and parallelism_config is None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():  # `python script.py`: one process, no group to shard over
+            _notice("FSDP with one process has nothing to shard; this run trains unsharded (launch with "
+                    "--num_processes N to shard).")
+            fsdp_plugin = None
     if fsdp_plugin is not None or (parallelism_config is not None and parallelism_config.needs_sharded_engine):
         from .fsdp import FSDPStrategy
 
@@ -55,8 +63,12 @@ def select_strategy(
                                    scaler_kwargs=scaler_kwargs, sync_each_batch=sync_each_batch)
     precision = make_precision_policy(mixed_precision, device, scaler_kwargs)
     if world_size > 1:
-        strategy: Strategy = DDPStrategy(device, precision, ddp_kwargs=ddp_kwargs)
+        strategy: Strategy = DDPStrategy(device, precision, ddp_kwargs=ddp_kwargs, comm_hook=ddp_comm_hook)
     else:
         strategy = SingleDeviceStrategy(device, precision)
     strategy.sync_each_batch = sync_each_batch
     return strategy
+
+
+def _notice(message: str) -> None:
+    print(f"hasten: {message}", flush=True)

@@ -1,0 +1,83 @@
+"""The by-feature examples: each is base.py plus one feature's marked lines, and each runs on 2 processes."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import launch
+
+FEATURES = Path(__file__).resolve().parent.parent / "examples" / "by_feature"
+SCRIPTS = sorted(p.name for p in FEATURES.glob("*.py") if p.name != "base.py")
+TINY = ("--num_epochs", "1")
+
+
+def _code(path: Path) -> list[str]:
+    """The lines after the module docstring, without indentation (a feature may indent base lines)."""
+    text = path.read_text()
+    body = text[text.index('"""', 3) + 3:]
+    return [line.strip() for line in body.splitlines()]
+
+
+def test_there_are_by_feature_examples():
+    assert {"gradient_accumulation.py", "checkpointing.py", "tracking.py", "fsdp.py", "deepspeed_zero.py",
+            "profiler.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_feature_differs_from_base_only_in_its_marked_lines(name):
+    base, feature = _code(FEATURES / "base.py"), _code(FEATURES / name)
+    unmarked = []
+    for tag, b0, b1, f0, f1 in difflib.SequenceMatcher(a=base, b=feature, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        changed = feature[f0:f1]
+        imports_only = all(line.startswith(("import ", "from ")) for line in changed + base[b0:b1])
+        if not imports_only and not any(line == "# New Code #" for line in changed):
+            unmarked.append((base[b0:b1], changed))
+        assert b1 - b0 <= 3, f"{name} rewrites {b1 - b0} lines of base.py: {base[b0:b1]}"
+    assert not unmarked, f"{name} changes base.py outside a '# New Code #' block: {unmarked}"
+
+
+def _run(name: str, *args: str, timeout: float = 180):
+    result = launch(FEATURES / name, *TINY, *args, num_processes=2, timeout=timeout)
+    assert "final validation accuracy: " in result.stdout, result.stdout[-2000:]
+    return result
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", ["base.py", "gradient_accumulation.py", "fsdp.py"])
+def test_example_runs_on_two_processes(name):
+    _run(name)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_deepspeed_example_runs_on_two_processes():
+    _run("deepspeed_zero.py", "--zero_stage", "3", timeout=300)
+
+
+@pytest.mark.multiprocess
+def test_checkpointing_example_saves_and_resumes(tmp_path):
+    _run("checkpointing.py", "--output_dir", str(tmp_path))
+    assert (tmp_path / "epoch_0" / "hasten_checkpoint.json").is_file()
+    result = launch(FEATURES / "checkpointing.py", "--num_epochs", "2", "--output_dir", str(tmp_path),
+                    "--resume_from_checkpoint", str(tmp_path / "epoch_0"), num_processes=2, timeout=180)
+    assert "starting at epoch 1" in result.stdout and "epoch 1: validation accuracy" in result.stdout
+    assert "epoch 0: validation" not in result.stdout  # epoch 0 was not trained again
+
+
+@pytest.mark.multiprocess
+def test_tracking_example_logs_metrics(tmp_path):
+    _run("tracking.py", "--project_dir", str(tmp_path))
+    rows = [json.loads(line) for path in tmp_path.rglob("*.jsonl") for line in path.read_text().splitlines()]
+    assert any("accuracy" in json.dumps(row) for row in rows), rows
+
+
+@pytest.mark.multiprocess
+def test_profiler_example_writes_a_trace_per_process(tmp_path):
+    _run("profiler.py", "--profile_dir", str(tmp_path))
+    assert sorted(p.name for p in tmp_path.glob("profile_*.json")) == ["profile_0.json", "profile_1.json"]
