@@ -81,3 +81,26 @@ def test_tracking_example_logs_metrics(tmp_path):
 def test_profiler_example_writes_a_trace_per_process(tmp_path):
     _run("profiler.py", "--profile_dir", str(tmp_path))
     assert sorted(p.name for p in tmp_path.glob("profile_*.json")) == ["profile_0.json", "profile_1.json"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_notebook_example_trains_on_two_processes(tmp_path, monkeypatch):
+    import sys
+
+    import nbclient
+    import nbformat
+
+    kernel_dir = tmp_path / "jupyter" / "kernels" / "hasten-example"  # a kernel of exactly this interpreter
+    kernel_dir.mkdir(parents=True)
+    (kernel_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "hasten example", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    notebook = nbformat.read(FEATURES / "notebook_launch.ipynb", as_version=4)
+    nbclient.NotebookClient(notebook, timeout=180, startup_timeout=60, kernel_name="hasten-example",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    output = "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                     for out in cell.get("outputs", []) if out.get("output_type") == "stream")
+    assert "2 processes, final validation accuracy: " in output, output[-2000:]
