@@ -49,9 +49,9 @@ def test_prepare_returns_in_order_and_passes_other_objects_through():
     assert out[0].optimizers == [out[3]]  # the scheduler knows its optimizer whatever the order
 
 
-@pytest.mark.parametrize("bad", ["fp8", "bf32", "yes"])
+@pytest.mark.parametrize("bad", ["fp32", "bf32", "yes"])
 def test_unknown_precision(bad):
-    with pytest.raises(ValueError, match=rf"mixed_precision='{bad}' is not one of 'no', 'fp16', 'bf16'"):
+    with pytest.raises(ValueError, match=rf"mixed_precision='{bad}' is not one of 'no', 'fp16', 'bf16', 'fp8'"):
         Accelerator(cpu=True, mixed_precision=bad)
 
 

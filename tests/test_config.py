@@ -203,7 +203,8 @@ def test_unknown_key_without_close_match_says_remove_it(tmp_path):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("mixed_precision: fp8\n", "mixed_precision='fp8' is not one of 'no', 'fp16', 'bf16'."),
+        ("mixed_precision: fp32\n", "mixed_precision='fp32' is not one of 'no', 'fp16', 'bf16', 'fp8'."),
+        ("mixed_precision: fp8\n", "mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine"),
         ("num_processes: two\n", "num_processes='two' is not a valid int."),
         ("use_cpu: maybe\n", "use_cpu='maybe' is not a valid bool."),
         ("num_machines: 2\nmachine_rank: 2\nnum_processes: 2\nmain_process_ip: 10.0.0.1\n",

@@ -39,6 +39,13 @@ _EXPORTS = {
     "FullyShardedDataParallelPlugin": "fsdp_plugin",
     "DeepSpeedPlugin": "deepspeed_plugin",
     "ParallelismConfig": "parallelism_config",
+    "AutocastKwargs": "options",
+    "DDPCommunicationHookType": "options",
+    "find_executable_batch_size": "utils.memory",
+    "synchronize_rng_states": "utils.random",
+    "load_checkpoint_in_model": "checkpointing.model_files",
+    "prepare_pippy": "inference",
+    "is_rich_available": "utils.imports",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -63,6 +70,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
     from .launch.notebook import debug_launcher, notebook_launcher
     from .launch_spec import LaunchSpec
     from .options import (
+        AutocastKwargs,
+        DDPCommunicationHookType,
         DataLoaderConfiguration,
         DistributedDataParallelKwargs,
         DistributedType,

@@ -20,11 +20,13 @@ from .checkpointing.api import CheckpointingMixin
 from .checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
 from .checkpointing.project import ProjectConfiguration
 from .distributed_helpers import DistributedHelpersMixin
+from .runtime_helpers import RuntimeHelpersMixin, make_dynamo_plugin
 from .tracking.api import TrackingMixin
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
 from .optimizer import AcceleratedOptimizer
 from .options import (
+    AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     DistributedType,
@@ -46,7 +48,7 @@ __all__ = ["Accelerator"]
 
 _UNSUPPORTED = {
     "megatron_lm_plugin": "Megatron-LM, which needs NVIDIA GPUs and the megatron-core package",
-    "dynamo_backend": "torch.compile integration",
+    "torch_tp_plugin": "the older tensor-parallel plugin (pass parallelism_config=ParallelismConfig(tp_size=...))",
 }
 
 
@@ -85,7 +87,7 @@ def _is_preparable(obj: Any) -> bool:
     return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
 
 
-class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
+class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, RuntimeHelpersMixin):
     """Run one training loop on 1 or N processes, on CPU or GPUs, in any precision.
 
     Arguments left as None take the value `hasten launch` passed (its launch
@@ -123,6 +125,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
         parallelism_config: Any = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
         **unsupported: Any,
     ) -> None:
         for name, value in unsupported.items():
@@ -145,6 +149,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         self.even_batches = config.even_batches if even_batches is None else even_batches
         self.device_placement = device_placement
         self.use_stateful_dataloader = config.use_stateful_dataloader
+        self._non_blocking = config.non_blocking
+        self.dynamo_plugin = make_dynamo_plugin(dynamo_backend, dynamo_plugin)
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
@@ -164,12 +170,15 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
 
         self.profile_handler: ProfileKwargs | None = handlers.get(ProfileKwargs)
+        self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
+        ddp_handler = handlers.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs())
         # Strategy and precision are chosen together, once; everything after asks the strategy.
         self.strategy = select_strategy(
             self.device,
             self.num_processes,
             _first_given(mixed_precision, spec.mixed_precision, "no"),
-            ddp_kwargs=handlers.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs()).to_kwargs(),
+            ddp_kwargs=ddp_handler.to_kwargs(),
+            ddp_comm_hook=ddp_handler.register_comm_hook,
             scaler_kwargs=handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs(),
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugin,
@@ -181,7 +190,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         self.precision = self.strategy.precision
         self.scaler = self.precision.scaler
         self.state._record(distributed_type=self.strategy.distributed_type, mixed_precision=self.precision.name,
-                           fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config)
+                           fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
+                           dynamo_plugin=self.dynamo_plugin)
 
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -309,6 +319,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
                 "pass them in the same call: accelerator.prepare(model, optimizer, ...)."
             )
         wrapped, stepped = strategy.setup(to_wrap, optimizers)
+        self._compile_models(wrapped)  # torch.compile in place, when a dynamo backend is set
         wrapped_iter = iter(wrapped)
         prepared_models = [next(wrapped_iter) if train else strategy.place_module(model, place=False)
                            for model, train in zip(models, trained)]
@@ -506,10 +517,6 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin):
         if not self.gradient_state.sync_gradients:
             return
         self.strategy.clip_grad_value_(parameters, clip_value, self._optimizers)
-
-    def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
-        """Run a block (e.g. a loss computed outside the model) under the mixed precision policy."""
-        return self.precision.autocast(enabled)
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:

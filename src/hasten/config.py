@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin
 
+from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
+
 __all__ = [
     "ConfigError",
     "LaunchConfig",
@@ -34,7 +36,7 @@ __all__ = [
 
 CONFIG_ENV_VAR = "HASTEN_CONFIG_FILE"
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
+MIXED_PRECISIONS = MIXED_PRECISION_CHOICES  # spelled once, in launch_spec
 
 
 class ConfigError(ValueError):
@@ -192,6 +194,8 @@ class LaunchConfig:
             _check_value(f, getattr(self, f.name), f.name)
         check_layout(self.num_processes, self.num_machines, self.machine_rank, self.main_process_ip,
                      self.main_process_port)
+        if self.mixed_precision == "fp8":
+            raise ConfigError(fp8_problem())
         if self.use_deepspeed and self.use_fsdp:
             raise ConfigError("DeepSpeed and FSDP cannot be used together; choose one of use_deepspeed or use_fsdp.")
         if self.mpirun and (self.use_deepspeed or self.use_fsdp):

@@ -15,6 +15,7 @@ class LoaderPosition:
     end_of_dataloader: bool = False
     remainder: int = 0  # real samples in the padded last global batch; 0 = no padding
     cursor: Any = None  # the loader's LoaderCursor (backward marks it as a training loader)
+    loader: Any = None  # the prepared loader being iterated (`GradientState.active_dataloader`)
 
 
 @dataclass
@@ -50,6 +51,28 @@ class GradientState:
     @property
     def in_dataloader(self) -> bool:
         return bool(self._positions)
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The prepared loader being iterated right now (the innermost one), or None outside a loop.
+
+        Example:
+            >>> GradientState().active_dataloader is None
+            True
+        """
+        return self._positions[-1].loader if self._positions else None
+
+    def _reset_state(self) -> None:
+        """Forget the loaders being iterated and the accumulation count (tests and notebooks re-creating Accelerators).
+
+        Example:
+            >>> state = GradientState(step=3)
+            >>> state._reset_state(); state.step
+            0
+        """
+        self._positions.clear()
+        self.step = 0
+        self.sync_gradients = True
 
     def mark_training(self) -> None:
         """The innermost loader being iterated feeds backward(): its batch boundaries are preemption points."""

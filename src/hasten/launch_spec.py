@@ -12,10 +12,26 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
-__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MIXED_PRECISION_CHOICES"]
+__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MIXED_PRECISION_CHOICES", "fp8_problem"]
 
 SPEC_ENV_VAR = "HASTEN_LAUNCH_SPEC"
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+# The one list of mixed precision choices (flags, config files, Accelerator); "fp8" is refused by `fp8_problem`.
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+
+
+def fp8_problem() -> str:
+    """The one sentence that refuses mixed_precision="fp8" (imports nothing: usable before torch is loaded).
+
+    Example:
+        >>> fp8_problem().startswith("mixed_precision='fp8'")
+        True
+    """
+    from importlib.util import find_spec
+
+    if find_spec("torchao") is None and find_spec("transformer_engine") is None:
+        return ("mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine and neither is installed; "
+                "install one (pip install torchao) or use mixed_precision='bf16'.")
+    return "mixed_precision='fp8' training is not built into this hasten version yet; use mixed_precision='bf16'."
 
 
 @dataclass(frozen=True)

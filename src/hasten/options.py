@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +15,13 @@ __all__ = [
     "InitProcessGroupKwargs",
     "GradScalerKwargs",
     "ProfileKwargs",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "DynamoBackend",
+    "TorchDynamoPlugin",
+    "KwargsHandler",
+    "PrecisionType",
+    "RNGType",
 ]
 
 
@@ -45,11 +52,153 @@ class DistributedType(str, enum.Enum):
 
 
 class _KwargsHandler:
-    """A dataclass whose non-default fields become keyword arguments."""
+    """A dataclass whose non-default fields become keyword arguments.
+
+    Example:
+        >>> GradScalerKwargs(growth_interval=10).to_kwargs()
+        {'growth_interval': 10}
+    """
 
     def to_kwargs(self) -> dict[str, Any]:
         default = type(self)()
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+
+
+KwargsHandler = _KwargsHandler  # the peer's public name for the base class
+
+
+class PrecisionType(str, enum.Enum):
+    """The mixed precision choices, as an enum (the strings are what `mixed_precision` takes).
+
+    Example:
+        >>> PrecisionType.BF16 == "bf16"
+        True
+    """
+
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class RNGType(str, enum.Enum):
+    """Random number generators a script may ask to synchronise (`synchronize_rng_states`).
+
+    Example:
+        >>> RNGType("torch").value
+        'torch'
+    """
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    GENERATOR = "generator"
+
+
+class DDPCommunicationHookType(str, enum.Enum):
+    """torch DDP communication hooks that `DistributedDataParallelKwargs(comm_hook=...)` registers.
+
+    Example:
+        >>> DDPCommunicationHookType("power_sgd").name
+        'POWER_SGD'
+    """
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class DynamoBackend(str, enum.Enum):
+    """`torch.compile` backends by the peer's names (`NO` = do not compile).
+
+    Example:
+        >>> DynamoBackend("INDUCTOR").value.lower()
+        'inductor'
+    """
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    IPEX = "IPEX"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+
+
+@dataclass
+class TorchDynamoPlugin(_KwargsHandler):
+    """`torch.compile` settings for prepared models (`Accelerator(dynamo_backend=...)` or `dynamo_plugin=...`).
+
+    `backend` is a `DynamoBackend` or its name in any case ("inductor",
+    "eager", ...); "no" turns compilation off. The model is compiled in place
+    (`nn.Module.compile`), so its type, its state dict keys and DDP's
+    `no_sync` stay as they were.
+
+    Example:
+        >>> TorchDynamoPlugin(backend="eager").to_kwargs()
+        {'backend': 'eager'}
+    """
+
+    backend: DynamoBackend | str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = DynamoBackend.NO
+        try:
+            self.backend = DynamoBackend(str(getattr(self.backend, "value", self.backend)).upper())
+        except ValueError:
+            names = ", ".join(b.value.lower() for b in DynamoBackend)
+            raise ValueError(f"TorchDynamoPlugin got backend={self.backend!r}; use one of {names}.") from None
+        if self.use_regional_compilation:
+            raise NotImplementedError("TorchDynamoPlugin(use_regional_compilation=True) is not built in hasten; "
+                                      "drop it to compile the whole model.")
+
+    @property
+    def enabled(self) -> bool:
+        """True when prepared models are compiled."""
+        return self.backend is not DynamoBackend.NO and not self.disable
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for `torch.compile` (only those set)."""
+        kwargs: dict[str, Any] = {"backend": self.backend.value.lower()}
+        for name in ("mode", "fullgraph", "dynamic", "options"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        return kwargs
+
+
+@dataclass
+class AutocastKwargs(_KwargsHandler):
+    """Settings of the autocast block `Accelerator.autocast(autocast_handler)` opens (or the default one, via kwargs_handlers).
+
+    Example:
+        >>> AutocastKwargs(enabled=False).to_kwargs()
+        {'enabled': False}
+    """
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
 
 
 @dataclass
@@ -62,10 +211,23 @@ class DataLoaderConfiguration:
     """
 
     split_batches: bool = False
+    # Refused when True: hasten never reads batches on one process and sends them; each process reads its own.
+    dispatch_batches: bool | None = None
     even_batches: bool = True
+    # Accepted for compatibility: hasten's shuffles are always seeded, identical on every process and resumable.
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
     non_blocking: bool = False
     # load_state also restores each prepared loader's position: the next pass yields the rest of the epoch
     use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dispatch_batches:
+            raise NotImplementedError("DataLoaderConfiguration(dispatch_batches=True) is not supported: each hasten "
+                                      "process reads its own share of the data; drop dispatch_batches.")
+        if self.data_seed is not None:
+            raise NotImplementedError("DataLoaderConfiguration(data_seed=...) is not supported; call set_seed(seed) "
+                                      "before prepare or give the DataLoader a seeded generator instead.")
 
 
 @dataclass
@@ -101,6 +263,54 @@ class DistributedDataParallelKwargs(_KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    # A torch DDP communication hook (gradient compression), registered on every model DDP wraps.
+    comm_hook: DDPCommunicationHookType | str = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType | str = DDPCommunicationHookType.NO  # FP16 / BF16 around POWER_SGD
+    comm_state_option: dict[str, Any] = field(default_factory=dict)  # PowerSGDState arguments
+
+    def __post_init__(self) -> None:
+        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
+        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
+        if self.comm_wrapper not in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16):
+            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r} is not a wrapper; use 'fp16' or 'bf16'.")
+        if self.comm_wrapper is not DDPCommunicationHookType.NO and self.comm_hook not in (
+                DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
+            raise ValueError("comm_wrapper compresses PowerSGD's communication; set comm_hook='power_sgd' or "
+                             "'batched_power_sgd' too, or drop comm_wrapper.")
+        if self.comm_state_option and self.comm_hook not in (
+                DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
+            raise ValueError("comm_state_option configures PowerSGD; set comm_hook='power_sgd' or drop comm_state_option.")
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The `DistributedDataParallel` arguments (the hook settings are applied by `register_comm_hook`)."""
+        hook_fields = ("comm_hook", "comm_wrapper", "comm_state_option")
+        return {k: v for k, v in super().to_kwargs().items() if k not in hook_fields}
+
+    def register_comm_hook(self, model: Any) -> None:
+        """Register the configured communication hook on a `DistributedDataParallel` model (nothing for NO).
+
+        Example:
+            >>> DistributedDataParallelKwargs().register_comm_hook(None)  # no hook configured: nothing to do
+        """
+        if self.comm_hook is DDPCommunicationHookType.NO:
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        hooks = {
+            DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+            DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+            DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+            DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+        }
+        wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+                    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper}
+        hook = hooks[self.comm_hook]
+        if self.comm_wrapper in wrappers:
+            hook = wrappers[self.comm_wrapper](hook)
+        state = None
+        if self.comm_hook in (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
+            state = powerSGD_hook.PowerSGDState(process_group=None, **self.comm_state_option)
+        model.register_comm_hook(state=state, hook=hook)
 
 
 @dataclass
@@ -180,8 +390,13 @@ class ProfileKwargs(_KwargsHandler):
 
 
 def split_kwargs_handlers(handlers: list[Any] | None) -> dict[type, Any]:
-    """Index handlers by type, refusing duplicates and unknown objects with one sentence."""
-    known = (DistributedDataParallelKwargs, InitProcessGroupKwargs, GradScalerKwargs, ProfileKwargs)
+    """Index handlers by type, refusing duplicates and unknown objects with one sentence.
+
+    Example:
+        >>> [kind.__name__ for kind in split_kwargs_handlers([GradScalerKwargs()])]
+        ['GradScalerKwargs']
+    """
+    known = (DistributedDataParallelKwargs, InitProcessGroupKwargs, GradScalerKwargs, ProfileKwargs, AutocastKwargs)
     found: dict[type, Any] = {}
     for handler in handlers or []:
         kind = type(handler)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .launch_spec import MIXED_PRECISION_CHOICES
+from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
 
 __all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported"]
 
@@ -27,14 +27,16 @@ def check_precision_supported(precision: str, device_type: str, bf16_supported: 
 
     Example:
         >>> check_precision_supported("bf16", "cpu")
-        >>> check_precision_supported("fp8", "cpu")
+        >>> check_precision_supported("fp32", "cpu")
         Traceback (most recent call last):
         ...
-        ValueError: mixed_precision='fp8' is not one of 'no', 'fp16', 'bf16'; pick one of those.
+        ValueError: mixed_precision='fp32' is not one of 'no', 'fp16', 'bf16', 'fp8'; pick one of those.
     """
     if precision not in MIXED_PRECISION_CHOICES:
         choices = ", ".join(repr(c) for c in MIXED_PRECISION_CHOICES)
         raise ValueError(f"mixed_precision={precision!r} is not one of {choices}; pick one of those.")
+    if precision == "fp8":
+        raise ValueError(fp8_problem())
     if precision == "bf16" and device_type == "cuda":
         if bf16_supported is None:
             bf16_supported = torch.cuda.is_bf16_supported()

@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 
 from . import watchdog
+from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
 from .topology import ProcessTopology, backend_for_device, select_device
 
-__all__ = ["PartialState", "AcceleratorState", "shutdown_process_group"]
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "is_initialized", "shutdown_process_group"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -300,6 +301,17 @@ class PartialState:
         """Barrier, then destroy the process group (safe to call more than once)."""
         shutdown_process_group(success=True)
 
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget shared state between tests; a no-op here: each `PartialState` holds its own settings.
+
+        The process group, the one process-wide resource, is left alone (use
+        `destroy_process_group` to leave it).
+
+        Example:
+            >>> PartialState._reset_state()
+        """
+
     def __repr__(self) -> str:
         t = self.topology
         return (
@@ -331,6 +343,18 @@ class AcceleratorState(PartialState):
                  topology: ProcessTopology | None = None) -> None:
         super().__init__(cpu=cpu, backend=backend, timeout=timeout, topology=topology)
         self._facts = _run_facts
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget what the newest Accelerator decided: `AcceleratorState()` reports a plain run's defaults again.
+
+        Example:
+            >>> AcceleratorState._reset_state(); is_initialized()
+            False
+        """
+        _run_facts.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
 
     def _record(self, **facts: Any) -> None:
         """Called once by the Accelerator that owns this state, after choosing its strategy."""
@@ -366,7 +390,7 @@ class AcceleratorState(PartialState):
 
     @property
     def dynamo_plugin(self) -> Any:
-        return None
+        return self._fact("dynamo_plugin")
 
     @property
     def megatron_lm_plugin(self) -> Any:
@@ -383,3 +407,13 @@ class AcceleratorState(PartialState):
     def __repr__(self) -> str:
         return (f"AcceleratorState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision!r})")
+
+
+def is_initialized() -> bool:
+    """True once an `Accelerator` was created in this process (and `AcceleratorState._reset_state` not called since).
+
+    Example:
+        >>> isinstance(is_initialized(), bool)
+        True
+    """
+    return bool(_run_facts)

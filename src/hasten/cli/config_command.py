@@ -20,6 +20,7 @@ from ..config import (
     save_config,
     to_dict,
 )
+from ..launch_spec import MIXED_PRECISION_CHOICES
 from . import prompts
 
 _MACHINE_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "TPU")
@@ -42,7 +43,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
     default = actions.add_parser("default", help="write a sensible config without questions (detects the hardware)")
     default.add_argument("--config_file", "--config-file", dest="sub_config_file", default=None, metavar="PATH")
-    default.add_argument("--mixed_precision", "--mixed-precision", choices=("no", "fp16", "bf16"), default="no")
+    default.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default="no")
     default.add_argument("--force", action="store_true", help="overwrite an existing file")
     update = actions.add_parser("update", help="rewrite an older (or Accelerate) config file in the current layout")
     update.add_argument("--config_file", "--config-file", dest="sub_config_file", default=None, metavar="PATH")

@@ -139,7 +139,7 @@ class PreparedDataLoader(DataLoader):
             state.boundary_hook(self)  # asked for the first batch: a preemption point
         skip = cursor.pending_skip + self.skip_batches
         self._apply_epoch()
-        position = LoaderPosition(remainder=self.padded_remainder, cursor=cursor)
+        position = LoaderPosition(remainder=self.padded_remainder, cursor=cursor, loader=self)
         if state is not None:
             state.push(position)
         try:

@@ -49,6 +49,11 @@ def select_strategy(
         return DeepSpeedStrategy.create(device, world_size, mixed_precision, deepspeed_plugin,
                                         gradient_state=gradient_state, parallelism_config=parallelism_config,
                                         accumulation_given=accumulation_given)
+    if fsdp_plugin is not None:
+        from ..fsdp_plugin import FullyShardedDataParallelPlugin
+
+        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+            raise TypeError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}.")
     if fsdp_plugin is not None and world_size == 1 and parallelism_config is None:
         import torch.distributed as dist
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -19,6 +19,9 @@ __all__ = ["DDPStrategy"]
 class DDPStrategy(Strategy):
     """Wrap in `DistributedDataParallel`; `no_sync` skips the all-reduce on accumulation steps.
 
+    `comm_hook(ddp_model)` registers a communication hook on each wrapped
+    model (`DistributedDataParallelKwargs.register_comm_hook`).
+
     Example:
         >>> strategy = DDPStrategy(torch.device("cpu"), ddp_kwargs={"find_unused_parameters": False})
         >>> strategy.ddp_kwargs, strategy.distributed_type.value
@@ -28,9 +31,10 @@ class DDPStrategy(Strategy):
     name = "ddp"
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy | None = None,
-                 ddp_kwargs: dict[str, Any] | None = None) -> None:
+                 ddp_kwargs: dict[str, Any] | None = None, comm_hook: Callable[[nn.Module], None] | None = None) -> None:
         super().__init__(device, precision)
         self.ddp_kwargs = dict(ddp_kwargs or {})
+        self.comm_hook = comm_hook
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -43,7 +47,10 @@ class DDPStrategy(Strategy):
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (e.g. a frozen teacher)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        if self.comm_hook is not None:
+            self.comm_hook(wrapped)
+        return wrapped
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         if isinstance(model, DistributedDataParallel) and not self.sync_each_batch:

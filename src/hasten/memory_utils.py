@@ -1,0 +1,9 @@
+"""`find_executable_batch_size` and `release_memory` at the peer's older path (``accelerate.memory_utils``).
+
+Example:
+    >>> from hasten.memory_utils import find_executable_batch_size, release_memory
+"""
+
+from .utils.memory import find_executable_batch_size, release_memory
+
+__all__ = ["find_executable_batch_size", "release_memory"]

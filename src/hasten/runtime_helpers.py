@@ -1,0 +1,188 @@
+"""The Accelerator's autocast, torch.compile, uneven-input and trigger helpers (a mixin, so the facade stays thin)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from .options import AutocastKwargs, DataLoaderConfiguration, DynamoBackend, TorchDynamoPlugin
+
+__all__ = ["RuntimeHelpersMixin", "make_dynamo_plugin"]
+
+
+def make_dynamo_plugin(dynamo_backend: Any = None, dynamo_plugin: TorchDynamoPlugin | None = None) -> TorchDynamoPlugin:
+    """The compile settings from `Accelerator(dynamo_backend=..., dynamo_plugin=...)` (not both).
+
+    Example:
+        >>> make_dynamo_plugin("eager").enabled, make_dynamo_plugin().enabled
+        (True, False)
+    """
+    if dynamo_plugin is not None and dynamo_backend is not None:
+        raise ValueError("pass dynamo_backend or dynamo_plugin, not both.")
+    if dynamo_plugin is not None:
+        if not isinstance(dynamo_plugin, TorchDynamoPlugin):
+            raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got a {type(dynamo_plugin).__name__}.")
+        return dynamo_plugin
+    return TorchDynamoPlugin(backend=dynamo_backend if dynamo_backend is not None else DynamoBackend.NO)
+
+
+class RuntimeHelpersMixin:
+    """Autocast blocks, compiled models, `join_uneven_inputs`, triggers, `trigger_sync_in_backward`.
+
+    Expects the host to set `precision`, `strategy`, `device`, `state`,
+    `dynamo_plugin`, `autocast_handler` and `_dataloaders`.
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True)
+        >>> accelerator.set_trigger(); accelerator.check_trigger()
+        True
+    """
+
+    flag_tensor: torch.Tensor | None = None
+
+    # -- autocast -----------------------------------------------------------------------
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Run a block (e.g. a loss computed outside the model) under the mixed precision policy.
+
+        `autocast_handler` (else the `AutocastKwargs` given in
+        `kwargs_handlers`) can disable it or set `cache_enabled`.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+            >>> with accelerator.autocast():
+            ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+            torch.bfloat16
+            >>> with accelerator.autocast(AutocastKwargs(enabled=False)):
+            ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+            torch.float32
+        """
+        if isinstance(autocast_handler, bool):  # hasten's earlier signature: autocast(enabled)
+            autocast_handler = AutocastKwargs(enabled=autocast_handler)
+        handler = autocast_handler or self.autocast_handler or AutocastKwargs()
+        precision = self.precision
+        if precision.dtype is None or not handler.enabled:
+            return contextlib.nullcontext()
+        extra = {} if handler.cache_enabled is None else {"cache_enabled": handler.cache_enabled}
+        return torch.autocast(device_type=precision.device_type, dtype=precision.dtype, **extra)
+
+    # -- torch.compile ----------------------------------------------------------------------
+    def _compile_models(self, models: list[nn.Module]) -> None:
+        """Compile each prepared model in place (`nn.Module.compile`) when a dynamo backend is set."""
+        plugin = self.dynamo_plugin
+        if not plugin.enabled:
+            return
+        for model in models:
+            self.strategy.unwrap_model(model).compile(**plugin.to_kwargs())
+
+    # -- uneven inputs ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train or evaluate on inputs of different lengths per process with `torch.distributed.algorithms.Join`.
+
+        A process that runs out of batches shadows the collectives of DDP
+        models (and `ZeroRedundancyOptimizer`s) in `joinables` until every
+        process is done, instead of hanging. `even_batches=False` lets the
+        prepared loaders stop unevenly inside the block (the setting is
+        restored after); by default the Accelerator's setting applies, and
+        Join is enabled only when batches are not evened out.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+            >>> with accelerator.join_uneven_inputs([model], even_batches=False):
+            ...     _ = model(torch.ones(1, 2))
+        """
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms import Join
+
+        restore: list[tuple[Any, bool]] = []
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                sampler = getattr(loader, "batch_sampler", None)
+                if hasattr(sampler, "even_batches"):
+                    restore.append((sampler, sampler.even_batches))
+                    sampler.even_batches = even_batches
+        else:
+            even_batches = self.even_batches
+        try:
+            with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
+                yield
+        finally:
+            for sampler, value in restore:
+                sampler.even_batches = value
+
+    # -- triggers: one process raises a flag, all learn it ---------------------------------------
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next `check_trigger()` returns True on every process.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).set_trigger()
+        """
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called `set_trigger()` since the last check (collective).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).check_trigger()
+            False
+        """
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        from .collectives import reduce
+
+        if int(reduce(self.flag_tensor, "sum").item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Synchronise gradients in the next backward even inside `no_sync` / an accumulation step (DDP models).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 1))
+            >>> with accelerator.no_sync(model), accelerator.trigger_sync_in_backward(model):
+            ...     model(torch.ones(1, 2)).sum().backward()
+        """
+        if not self.use_distributed or not isinstance(model, nn.parallel.DistributedDataParallel):
+            yield
+            return
+        old_backward, old_forward = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # a DDP model inside no_sync skipped this in its forward
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = old_backward, old_forward
+
+    # -- settings ---------------------------------------------------------------------------
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """How this Accelerator prepares loaders, as a `DataLoaderConfiguration`.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True, even_batches=False).dataloader_config.even_batches
+            False
+        """
+        return DataLoaderConfiguration(split_batches=self.split_batches, even_batches=self.even_batches,
+                                       non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader)
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are moved to the device without blocking (`DataLoaderConfiguration.non_blocking`)."""
+        return self._non_blocking
