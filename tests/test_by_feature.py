@@ -24,7 +24,7 @@ def _code(path: Path) -> list[str]:
 
 def test_there_are_by_feature_examples():
     assert {"gradient_accumulation.py", "checkpointing.py", "tracking.py", "fsdp.py", "deepspeed_zero.py",
-            "profiler.py"} <= set(SCRIPTS)
+            "profiler.py", "early_stopping.py", "memory.py", "local_sgd.py"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -104,3 +104,21 @@ def test_notebook_example_trains_on_two_processes(tmp_path, monkeypatch):
     output = "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
                      for out in cell.get("outputs", []) if out.get("output_type") == "stream")
     assert "2 processes, final validation accuracy: " in output, output[-2000:]
+
+
+@pytest.mark.multiprocess
+def test_early_stopping_example_stops_every_process(tmp_path):
+    result = _run("early_stopping.py", "--target_accuracy", "0.5")
+    assert "early stop after epoch 0" in result.stdout
+
+
+@pytest.mark.multiprocess
+def test_memory_example_halves_the_batch_size_until_it_fits():
+    result = _run("memory.py", "--batch_size", "128", "--pretend_memory_for", "32")
+    tries = [line for line in result.stdout.splitlines() if line.startswith("trying batch size")]
+    assert tries == ["trying batch size 128", "trying batch size 64", "trying batch size 32"], result.stdout[-2000:]
+
+
+@pytest.mark.multiprocess
+def test_local_sgd_example_runs_on_two_processes():
+    _run("local_sgd.py", "--local_sgd_steps", "4")
