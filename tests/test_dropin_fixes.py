@@ -65,3 +65,16 @@ def test_preparing_a_prepared_loader_returns_it_unchanged():
     assert accelerator.prepare(loader) is loader and accelerator.prepare_data_loader(loader) is loader
     again_model, again_loader = accelerator.prepare(model, loader)
     assert again_loader is loader and len(accelerator._dataloaders) == 1
+
+
+def test_data_seed_fixes_the_shuffle_whatever_the_global_rng():
+    from hasten import DataLoaderConfiguration
+
+    def order(seed, torch_seed):
+        torch.manual_seed(torch_seed)
+        accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(data_seed=seed))
+        return [b.tolist() for b in accelerator.prepare(DataLoader(list(range(12)), batch_size=4, shuffle=True))]
+
+    assert order(7, 0) == order(7, 1)  # the seed given decides, not torch's global RNG
+    assert order(7, 0) != order(8, 0)
+    assert sorted(sum(order(7, 0), [])) == list(range(12))

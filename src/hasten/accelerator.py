@@ -149,6 +149,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
         self.even_batches = config.even_batches if even_batches is None else even_batches
         self.device_placement = device_placement
         self.use_stateful_dataloader = config.use_stateful_dataloader
+        self.data_seed = config.data_seed
         self._non_blocking = config.non_blocking
         self.dynamo_plugin = make_dynamo_plugin(dynamo_backend, dynamo_plugin)
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
@@ -395,6 +396,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             even_batches=self.even_batches,
             gradient_state=self.gradient_state,
             device_placement=place,
+            data_seed=self.data_seed,
         )
         self._dataloaders.append(prepared)
         self._remember(data_loader, prepared)

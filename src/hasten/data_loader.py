@@ -61,8 +61,8 @@ def prepare_data_loader(
     `rng_types`, `use_seedable_sampler`, `non_blocking` and
     `use_stateful_dataloader` are accepted: hasten's shuffles are always
     seeded identically on every process, its loaders always have a
-    `state_dict`, and batches are moved without blocking. Batch dispatching,
-    `data_seed` and device meshes are refused.
+    `state_dict`, and batches are moved without blocking. `data_seed` fixes
+    the shuffle. Batch dispatching and device meshes are refused.
 
     Example:
         >>> loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), num_processes=2, process_index=0)
@@ -72,8 +72,7 @@ def prepare_data_loader(
     if dispatch_batches:
         raise NotImplementedError("prepare_data_loader(dispatch_batches=True) is not supported: each hasten process "
                                   "reads its own share of the data; drop dispatch_batches.")
-    for name, value in (("slice_fn_for_dispatch", slice_fn_for_dispatch), ("data_seed", data_seed),
-                        ("torch_device_mesh", torch_device_mesh)):
+    for name, value in (("slice_fn_for_dispatch", slice_fn_for_dispatch), ("torch_device_mesh", torch_device_mesh)):
         if value is not None:
             raise NotImplementedError(f"prepare_data_loader({name}=...) is not supported by hasten; drop it "
                                       "(use Accelerator(parallelism_config=...) for device meshes, set_seed for seeds).")
@@ -85,4 +84,4 @@ def prepare_data_loader(
         process_index = process_index if process_index is not None else (dist.get_rank() if running else 0)
     return _prepare(dataloader, device=torch.device(device) if device is not None else None,
                     num_processes=num_processes, process_index=process_index, split_batches=split_batches,
-                    even_batches=even_batches, device_placement=put_on_device)
+                    even_batches=even_batches, device_placement=put_on_device, data_seed=data_seed)

@@ -216,6 +216,8 @@ class DataLoaderConfiguration:
     even_batches: bool = True
     # Accepted for compatibility: hasten's shuffles are always seeded, identical on every process and resumable.
     use_seedable_sampler: bool = False
+    # The shuffle's seed for every prepared loader with a RandomSampler (else drawn once from torch's RNG on
+    # process 0, or taken from the loader's own generator).
     data_seed: int | None = None
     non_blocking: bool = False
     # load_state also restores each prepared loader's position: the next pass yields the rest of the epoch
@@ -225,9 +227,6 @@ class DataLoaderConfiguration:
         if self.dispatch_batches:
             raise NotImplementedError("DataLoaderConfiguration(dispatch_batches=True) is not supported: each hasten "
                                       "process reads its own share of the data; drop dispatch_batches.")
-        if self.data_seed is not None:
-            raise NotImplementedError("DataLoaderConfiguration(data_seed=...) is not supported; call set_seed(seed) "
-                                      "before prepare or give the DataLoader a seeded generator instead.")
 
 
 @dataclass

@@ -249,13 +249,15 @@ def _rank0_value(value: Any, num_processes: int) -> Any:
     return value
 
 
-def _sample_order(loader: DataLoader, sampler: Any, num_processes: int) -> SampleOrder | None:
+def _sample_order(loader: DataLoader, sampler: Any, num_processes: int, data_seed: int | None = None) -> SampleOrder | None:
     """A seekable `SampleOrder` for torch's stock samplers, agreed by every process; None for custom samplers."""
     if type(sampler) is SequentialSampler:
         return SampleOrder(len(sampler.data_source), kind="sequential")
     if type(sampler) is not RandomSampler:
         return None
     common = dict(num_items=len(sampler.data_source), replacement=sampler.replacement, num_samples=sampler._num_samples)
+    if data_seed is not None:  # the user's seed decides, on every process alike
+        return SampleOrder(kind="keyed", seed=int(data_seed), **common)
     if sampler.generator is not None and sampler.generator is loader.generator:
         # The user's generator decides the order: replay exactly what the unprepared loader would draw.
         state = _rank0_value(loader.generator.get_state(), num_processes)
@@ -274,8 +276,11 @@ def prepare_data_loader(
     even_batches: bool = True,
     gradient_state: GradientState | None = None,
     device_placement: bool = True,
+    data_seed: int | None = None,
 ) -> PreparedDataLoader:
     """Return a loader that yields only this process's share of `dataloader`, on `device`.
+
+    `data_seed` fixes the shuffle of a RandomSampler (the same on every process).
 
     Example:
         >>> dl = DataLoader(list(range(8)), batch_size=2)
@@ -335,7 +340,7 @@ def prepare_data_loader(
             stacklevel=3,
         )
         return PreparedDataLoader(dataset, batch_sampler=batch_sampler, **common)
-    order = _sample_order(dataloader, sampler, num_processes) if type(batch_sampler) is BatchSampler else None
+    order = _sample_order(dataloader, sampler, num_processes, data_seed) if type(batch_sampler) is BatchSampler else None
     if order is not None:
         batch_sampler = BatchSampler(order, batch_sampler.batch_size, batch_sampler.drop_last)
         if order.kind == "torch":
