@@ -420,21 +420,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             >>> accelerator.unwrap_model(accelerator.prepare(net)) is net
             True
         """
-        model = self.strategy.unwrap_model(model)
-        compiled = model if hasattr(model, "_orig_mod") else None
-        if compiled is not None:
-            model = model._orig_mod
-        if not keep_fp32_wrapper:
-            forward = vars(model).get("forward")
-            original = getattr(forward, "__wrapped_forward__", None)
-            if original is not None:
-                if getattr(original, "__func__", None) is type(model).forward:
-                    del model.forward
-                else:
-                    model.forward = original
-        if compiled is not None and keep_torch_compile:
-            return compiled
-        return model
+        from .utils.other import extract_model_from_parallel
+
+        return extract_model_from_parallel(self.strategy.unwrap_model(model), keep_fp32_wrapper, keep_torch_compile)
 
     # -- the training step ----------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
