@@ -27,7 +27,8 @@ def script(tmp_path):
     [
         (["--num_processes", "0"], "num_processes must be at least 1, got 0."),
         (["--num_processes", "two"], "invalid int value: 'two'"),
-        (["--mixed_precision", "fp8"], "invalid choice: 'fp8'"),
+        (["--mixed_precision", "fp32"], "invalid choice: 'fp32'"),
+        (["--mixed_precision", "fp8"], "mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine"),
         (["--main_process_port", "70000", "--num_processes", "2"], "main_process_port must be between 1 and 65535"),
         (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be at least 1"),
         (["--bogus"], "unrecognized arguments: --bogus"),

@@ -316,7 +316,7 @@ def test_refuses_bad_process_counts(tmp_path, num_processes):
 @pytest.mark.timeout(60)
 def test_refuses_other_impossible_launches(tmp_path, monkeypatch):
     args = (str(tmp_path),)
-    with pytest.raises(LaunchError, match="mixed_precision='fp8' is not one of no, fp16, bf16"):
+    with pytest.raises(LaunchError, match="mixed_precision='fp8' needs torchao"):
         notebook_launcher(record_call, args, num_processes=2, mixed_precision="fp8")
     with pytest.raises(LaunchError, match="use_port must be a port number"):
         notebook_launcher(record_call, args, num_processes=2, use_port="http")

@@ -56,6 +56,8 @@ class LaunchSpec:
             raise ValueError(
                 f"mixed_precision={self.mixed_precision!r} is not one of {', '.join(MIXED_PRECISION_CHOICES)}."
             )
+        if self.mixed_precision == "fp8":
+            raise ValueError(fp8_problem())
 
     def to_env(self) -> dict[str, str]:
         return {SPEC_ENV_VAR: json.dumps(asdict(self), sort_keys=True)}
