@@ -311,7 +311,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             if isinstance(optimizer, AcceleratedOptimizer):
                 raise ValueError("this optimizer was prepared by another Accelerator; pass the original torch optimizer.")
         strategy = self.strategy
-        trained = [not (p is False or p is None and not self.device_placement) or self.use_distributed for p in placements]
+        # A model is set up for training unless the user asked not to place it (and nothing needs wrapping).
+        trained = [(self.device_placement if p is None else p) or self.use_distributed for p in placements]
         to_wrap = [model for model, train in zip(models, trained) if train]
         if strategy.requires_joint_setup and (to_wrap or optimizers) and not (to_wrap and optimizers):
             given = "a model" if to_wrap else "an optimizer"

@@ -8,7 +8,6 @@ process in the launch spec; see `hasten.config.FSDPConfig`).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,6 +65,7 @@ class FullyShardedDataParallelPlugin:
     forward_prefetch: bool = False
     use_orig_params: bool = True
     limit_all_gathers: bool = True
+    # One-line notices about settings FSDP2 runs differently; printed once by the strategy that uses the plugin.
     notices: list[str] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -138,8 +138,3 @@ class FullyShardedDataParallelPlugin:
             forward_prefetch=bool(get("fsdp_forward_prefetch", False)),
             use_orig_params=bool(get("fsdp_use_orig_params", True)),
         )
-
-    def emit_notices(self) -> None:
-        for notice in self.notices:
-            warnings.warn(notice, stacklevel=3)
-        self.notices.clear()

@@ -200,6 +200,9 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
     return target
 
 
+SHARDED_FORMAT = "sharded:"  # + the strategy's name: models and optimizers are in the strategy's own files
+
+
 def _model_format(strategy: Any, safe_serialization: bool) -> str:
     """How models and optimizers are stored: full files (safetensors or torch) or a strategy's own shards."""
     if strategy.writes_own_checkpoint_files:
@@ -223,9 +226,6 @@ class CheckpointContents:
     rng: dict[str, Any] | None = None
     gradients: dict[str, torch.Tensor] = field(default_factory=dict)
     sharded: Any = None  # what a sharded strategy read (its own files), not yet applied
-
-
-SHARDED_FORMAT = "sharded:"
 
 
 def _read(path: Path, name: str) -> Any:

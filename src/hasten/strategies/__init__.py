@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..precision import make_precision_policy
-from .base import Strategy
+from .base import Strategy, notice_once
 from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
 
@@ -58,7 +58,7 @@ def select_strategy(
         import torch.distributed as dist
 
         if not dist.is_initialized():  # `python script.py`: one process, no group to shard over
-            _notice("FSDP with one process has nothing to shard; this run trains unsharded (launch with "
+            notice_once("FSDP with one process has nothing to shard; this run trains unsharded (launch with "
                     "--num_processes N to shard).")
             fsdp_plugin = None
     if fsdp_plugin is not None or (parallelism_config is not None and parallelism_config.needs_sharded_engine):
@@ -74,6 +74,3 @@ def select_strategy(
     strategy.sync_each_batch = sync_each_batch
     return strategy
 
-
-def _notice(message: str) -> None:
-    print(f"hasten: {message}", flush=True)

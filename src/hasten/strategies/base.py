@@ -25,7 +25,18 @@ from torch import nn
 from ..options import DistributedType
 from ..precision import PrecisionPolicy, make_precision_policy
 
-__all__ = ["Strategy"]
+__all__ = ["Strategy", "notice_once"]
+
+_notices_given: set[str] = set()
+
+
+def notice_once(message: str) -> None:
+    """Print a one-line notice about how a setting is run, once per message, on the main process only."""
+    import torch.distributed as dist
+
+    if message not in _notices_given and (not dist.is_initialized() or dist.get_rank() == 0):
+        _notices_given.add(message)
+        print(f"hasten: {message}", flush=True)
 
 
 class Strategy:

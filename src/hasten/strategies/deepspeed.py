@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..checkpointing.commit import fsync_path
-from ..deepspeed_plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler, require_deepspeed
+from ..deepspeed_plugin import DeepSpeedPlugin, DummyOptim, require_deepspeed
 from ..options import DistributedType
 from ..precision import PrecisionPolicy, check_precision_supported
 from .base import Strategy
@@ -161,18 +161,15 @@ class DeepSpeedStrategy(Strategy):
             base = engine_optimizer
         return [engine], [base]
 
-    def place_module(self, model: nn.Module, place: bool = True) -> nn.Module:
-        return super().place_module(model, place)
-
     # -- the hot path -------------------------------------------------------------------------
-    def _engine_for(self, model: Any = None) -> Any:
+    def _engine_for(self) -> Any:
         if self.engine is None:
             raise RuntimeError("the DeepSpeed engine does not exist yet; pass the model and optimizer to accelerator.prepare first.")
         return self.engine
 
     def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
         """Boundary from `sync_gradients`, then `engine.backward` (it divides by its accumulation) and `engine.step`."""
-        engine = self.engine if self.engine is not None else self._engine_for()
+        engine = self._engine_for()
         if accumulation_steps != self.accumulation_steps:
             raise ValueError(f"gradient_accumulation_steps changed to {accumulation_steps} after the DeepSpeed engine was built "
                              f"with {self.accumulation_steps}; set it before accelerator.prepare.")

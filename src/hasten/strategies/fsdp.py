@@ -22,7 +22,7 @@ from ..fsdp_plugin import FullyShardedDataParallelPlugin
 from ..options import DistributedType
 from ..precision import PrecisionPolicy, make_precision_policy
 from . import fsdp_checkpoint
-from .base import Strategy
+from .base import Strategy, notice_once
 
 __all__ = ["FSDPStrategy"]
 
@@ -99,11 +99,8 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
-        if not isinstance(plugin, FullyShardedDataParallelPlugin):
-            raise TypeError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(plugin).__name__}.")
-        if dist.is_initialized() and dist.get_rank() == 0:
-            plugin.emit_notices()
-        plugin.notices.clear()
+        for message in plugin.notices:
+            notice_once(message)
         precision = make_precision_policy(mixed_precision, device, scaler_kwargs, scaler_class=ShardedGradScaler)
         strategy = cls(device, precision, plugin, world_size, parallelism_config)
         strategy.sync_each_batch = sync_each_batch
@@ -193,7 +190,7 @@ class FSDPStrategy(Strategy):
         offload = OffloadPolicy()
         if self.plugin.cpu_offload:
             if self.device.type == "cpu":
-                _notice_once("fsdp cpu_offload: the parameters already live in CPU memory on a CPU run; nothing to offload.")
+                notice_once("fsdp cpu_offload: the parameters already live in CPU memory on a CPU run; nothing to offload.")
             else:
                 offload = CPUOffloadPolicy()
         ignored = {p for m in (self.plugin.ignored_modules or []) for p in m.parameters()} or None
@@ -288,11 +285,3 @@ class FSDPStrategy(Strategy):
     def apply_checkpoint_files(self, contents: Any) -> None:
         fsdp_checkpoint.apply_sharded(contents)
 
-
-_notices_given: set[str] = set()
-
-
-def _notice_once(message: str) -> None:
-    if message not in _notices_given and (not dist.is_initialized() or dist.get_rank() == 0):
-        _notices_given.add(message)
-        print(f"hasten: {message}", flush=True)
