@@ -65,10 +65,12 @@ class PrecisionPolicy:
     dtype: torch.dtype | None
     scaler: "torch.amp.GradScaler | None" = None
 
-    def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        """This policy's autocast block (nothing under full precision or when not `enabled`)."""
         if self.dtype is None or not enabled:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        extra = {} if cache_enabled is None else {"cache_enabled": cache_enabled}
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, **extra)
 
     def wrap_forward(self, forward: Callable[..., Any]) -> Callable[..., Any]:
         """The same forward, run under this policy's autocast."""

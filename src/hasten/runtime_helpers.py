@@ -64,11 +64,7 @@ class RuntimeHelpersMixin:
         if isinstance(autocast_handler, bool):  # hasten's earlier signature: autocast(enabled)
             autocast_handler = AutocastKwargs(enabled=autocast_handler)
         handler = autocast_handler or self.autocast_handler or AutocastKwargs()
-        precision = self.precision
-        if precision.dtype is None or not handler.enabled:
-            return contextlib.nullcontext()
-        extra = {} if handler.cache_enabled is None else {"cache_enabled": handler.cache_enabled}
-        return torch.autocast(device_type=precision.device_type, dtype=precision.dtype, **extra)
+        return self.precision.autocast(handler.enabled, handler.cache_enabled)
 
     # -- torch.compile ----------------------------------------------------------------------
     def _compile_models(self, models: list[nn.Module]) -> None:
@@ -157,17 +153,8 @@ class RuntimeHelpersMixin:
             >>> with accelerator.no_sync(model), accelerator.trigger_sync_in_backward(model):
             ...     model(torch.ones(1, 2)).sum().backward()
         """
-        if not self.use_distributed or not isinstance(model, nn.parallel.DistributedDataParallel):
+        with self.strategy.sync_in_backward(model):
             yield
-            return
-        old_backward, old_forward = model.require_backward_grad_sync, model.require_forward_param_sync
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])  # a DDP model inside no_sync skipped this in its forward
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = old_backward, old_forward
 
     # -- settings ---------------------------------------------------------------------------
     @property
@@ -180,7 +167,8 @@ class RuntimeHelpersMixin:
             False
         """
         return DataLoaderConfiguration(split_batches=self.split_batches, even_batches=self.even_batches,
-                                       non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader)
+                                       non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader,
+                                       data_seed=self.data_seed)
 
     @property
     def non_blocking(self) -> bool:

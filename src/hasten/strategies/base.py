@@ -142,6 +142,10 @@ class Strategy:
         """Context in which backward does not synchronise gradients across processes."""
         return contextlib.nullcontext()
 
+    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Context in which the next backward synchronises gradients even inside `no_sync` (nothing to do here)."""
+        return contextlib.nullcontext()
+
     def unscale_gradients(self, optimizers: Sequence[Any]) -> None:
         """Divide gradients by the fp16 loss scale, once per step (a no-op without fp16)."""
         for optimizer in optimizers:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -59,3 +59,18 @@ class DDPStrategy(Strategy):
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Turn DDP's gradient sync back on for the next backward, even inside `no_sync`."""
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        old_backward, old_forward = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # a DDP model inside no_sync skipped this in its forward
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = old_backward, old_forward
