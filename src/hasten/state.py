@@ -339,11 +339,6 @@ class AcceleratorState(PartialState):
         ('bf16', 'NO')
     """
 
-    def __init__(self, cpu: bool | None = None, backend: str | None = None, timeout: timedelta | None = None,
-                 topology: ProcessTopology | None = None) -> None:
-        super().__init__(cpu=cpu, backend=backend, timeout=timeout, topology=topology)
-        self._facts = _run_facts
-
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
         """Forget what the newest Accelerator decided: `AcceleratorState()` reports a plain run's defaults again.
@@ -362,7 +357,7 @@ class AcceleratorState(PartialState):
         _run_facts.update(facts)
 
     def _fact(self, name: str, default: Any = None) -> Any:
-        return self._facts.get(name, default)
+        return _run_facts.get(name, default)
 
     @property
     def distributed_type(self) -> Any:
@@ -402,7 +397,7 @@ class AcceleratorState(PartialState):
 
     @property
     def initialized(self) -> bool:
-        return bool(self._facts)
+        return bool(_run_facts)
 
     def __repr__(self) -> str:
         return (f"AcceleratorState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
