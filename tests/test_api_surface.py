@@ -130,13 +130,12 @@ def test_ddp_kwargs_keep_hook_settings_out_of_ddp_arguments():
         DistributedDataParallelKwargs(comm_wrapper="power_sgd")
 
 
-def test_dataloader_configuration_refuses_dispatching():
+def test_dataloader_configuration_is_reported_back():
     from hasten import Accelerator, DataLoaderConfiguration
 
-    with pytest.raises(NotImplementedError, match="drop dispatch_batches"):
-        DataLoaderConfiguration(dispatch_batches=True)
-    config = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=False, non_blocking=True)).dataloader_config
-    assert (config.even_batches, config.non_blocking) == (False, True)
+    given = DataLoaderConfiguration(even_batches=False, non_blocking=True, dispatch_batches=True)
+    config = Accelerator(cpu=True, dataloader_config=given).dataloader_config
+    assert (config.even_batches, config.non_blocking, config.dispatch_batches) == (False, True, True)
 
 
 def test_autocast_handler_switches_the_block_off():
@@ -227,8 +226,8 @@ def test_data_loader_module_takes_the_peer_names():
     loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=1), num_processes=2, process_index=1,
                                  put_on_device=False, even_batches=True, use_seedable_sampler=True)
     assert [b.item() for b in loader] == [1, 3, 5]
-    with pytest.raises(NotImplementedError, match="drop dispatch_batches"):
-        prepare_data_loader(DataLoader(list(range(2))), dispatch_batches=True)
+    with pytest.raises(ValueError, match="only applies with dispatch_batches=True"):
+        prepare_data_loader(DataLoader(list(range(2))), slice_fn_for_dispatch=lambda *a, **k: a[0])
     assert list(SeedableRandomSampler(range(8), data_seed=3)) == list(SeedableRandomSampler(range(8), data_seed=3))
 
 

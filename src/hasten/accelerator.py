@@ -147,6 +147,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
         config = dataloader_config or DataLoaderConfiguration()
         self.split_batches = config.split_batches if split_batches is None else split_batches
         self.even_batches = config.even_batches if even_batches is None else even_batches
+        self.dispatch_batches = bool(config.dispatch_batches)
         self.device_placement = device_placement
         self.use_stateful_dataloader = config.use_stateful_dataloader
         self.data_seed = config.data_seed
@@ -398,6 +399,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             gradient_state=self.gradient_state,
             device_placement=place,
             data_seed=self.data_seed,
+            dispatch_batches=self.dispatch_batches,
         )
         self._dataloaders.append(prepared)
         self._remember(data_loader, prepared)

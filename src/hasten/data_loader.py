@@ -22,10 +22,12 @@ from torch.utils.data import DataLoader
 
 from .data import IterableDatasetShard, PreparedDataLoader, ShardedBatchSampler, SkipBatchSampler, skip_first_batches
 from .data import prepare_data_loader as _prepare
+from .data.dispatch import DispatchedDataLoader
 from .data.samplers import SeedableRandomSampler
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderDispatcher",
     "DataLoaderShard",
     "IterableDatasetShard",
     "SeedableRandomSampler",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 DataLoaderShard = PreparedDataLoader
+DataLoaderDispatcher = DispatchedDataLoader
 BatchSamplerShard = ShardedBatchSampler
 
 
@@ -62,20 +65,17 @@ def prepare_data_loader(
     `use_stateful_dataloader` are accepted: hasten's shuffles are always
     seeded identically on every process, its loaders always have a
     `state_dict`, and batches are moved without blocking. `data_seed` fixes
-    the shuffle. Batch dispatching and device meshes are refused.
+    the shuffle. `dispatch_batches=True` reads on process 0 only and sends
+    each process its rows. Device meshes are refused.
 
     Example:
         >>> loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), num_processes=2, process_index=0)
         >>> len(loader)
         2
     """
-    if dispatch_batches:
-        raise NotImplementedError("prepare_data_loader(dispatch_batches=True) is not supported: each hasten process "
-                                  "reads its own share of the data; drop dispatch_batches.")
-    for name, value in (("slice_fn_for_dispatch", slice_fn_for_dispatch), ("torch_device_mesh", torch_device_mesh)):
-        if value is not None:
-            raise NotImplementedError(f"prepare_data_loader({name}=...) is not supported by hasten; drop it "
-                                      "(use Accelerator(parallelism_config=...) for device meshes, set_seed for seeds).")
+    if torch_device_mesh is not None:
+        raise NotImplementedError("prepare_data_loader(torch_device_mesh=...) is not supported by hasten; drop it "
+                                  "(use Accelerator(parallelism_config=...) for device meshes).")
     if num_processes is None or process_index is None:
         import torch.distributed as dist
 
@@ -84,4 +84,5 @@ def prepare_data_loader(
         process_index = process_index if process_index is not None else (dist.get_rank() if running else 0)
     return _prepare(dataloader, device=torch.device(device) if device is not None else None,
                     num_processes=num_processes, process_index=process_index, split_batches=split_batches,
-                    even_batches=even_batches, device_placement=put_on_device, data_seed=data_seed)
+                    even_batches=even_batches, device_placement=put_on_device, data_seed=data_seed,
+                    dispatch_batches=bool(dispatch_batches), slice_fn_for_dispatch=slice_fn_for_dispatch)

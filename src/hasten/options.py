@@ -211,7 +211,8 @@ class DataLoaderConfiguration:
     """
 
     split_batches: bool = False
-    # Refused when True: hasten never reads batches on one process and sends them; each process reads its own.
+    # True: process 0 alone reads each batch and sends every process its rows (for data only one process can
+    # read). None/False: each process reads its own share (also for iterable datasets, where the peer dispatches).
     dispatch_batches: bool | None = None
     even_batches: bool = True
     # Accepted for compatibility: hasten's shuffles are always seeded, identical on every process and resumable.
@@ -222,11 +223,6 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     # load_state also restores each prepared loader's position: the next pass yields the rest of the epoch
     use_stateful_dataloader: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise NotImplementedError("DataLoaderConfiguration(dispatch_batches=True) is not supported: each hasten "
-                                      "process reads its own share of the data; drop dispatch_batches.")
 
 
 @dataclass

@@ -168,7 +168,7 @@ class RuntimeHelpersMixin:
         """
         return DataLoaderConfiguration(split_batches=self.split_batches, even_batches=self.even_batches,
                                        non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader,
-                                       data_seed=self.data_seed)
+                                       data_seed=self.data_seed, dispatch_batches=self.dispatch_batches)
 
     @property
     def non_blocking(self) -> bool:

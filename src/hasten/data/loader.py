@@ -10,10 +10,11 @@ loaded for the skipped batches.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -151,6 +152,7 @@ class PreparedDataLoader(DataLoader):
                 following = next(iterator, sentinel)
                 if following is sentinel:
                     position.end_of_dataloader = True
+                    position.remainder = self.final_remainder()
                 cursor.yielded += 1
                 yield send_to_device(current, self.device, non_blocking=True) if self._move_batches else current
                 # read each time: the hook removes itself once it has nothing left to do
@@ -164,6 +166,14 @@ class PreparedDataLoader(DataLoader):
         finally:
             if state is not None:
                 state.pop(position)
+
+    def final_remainder(self) -> int:
+        """Real samples in the last global batch when it is padded, else 0 (read when that batch is reached)."""
+        return self.padded_remainder
+
+    def view_kwargs(self) -> dict[str, Any]:
+        """Constructor arguments of a subclass that `skip_first_batches` passes on to a view."""
+        return {}
 
     # -- position as state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -277,10 +287,15 @@ def prepare_data_loader(
     gradient_state: GradientState | None = None,
     device_placement: bool = True,
     data_seed: int | None = None,
+    dispatch_batches: bool = False,
+    slice_fn_for_dispatch: Callable[..., Any] | None = None,
 ) -> PreparedDataLoader:
     """Return a loader that yields only this process's share of `dataloader`, on `device`.
 
     `data_seed` fixes the shuffle of a RandomSampler (the same on every process).
+    `dispatch_batches=True`: process 0 alone reads `dataloader` and sends
+    every process its rows (see `dispatch.py`); `slice_fn_for_dispatch(batch,
+    rows: slice, process_index=, num_processes=)` replaces the row slicing.
 
     Example:
         >>> dl = DataLoader(list(range(8)), batch_size=2)
@@ -289,6 +304,28 @@ def prepare_data_loader(
     """
     if isinstance(dataloader, PreparedDataLoader):
         raise ValueError("this DataLoader is already prepared; pass the original DataLoader to prepare once.")
+    if slice_fn_for_dispatch is not None and not dispatch_batches:
+        raise ValueError("slice_fn_for_dispatch only applies with dispatch_batches=True; set both or drop it.")
+    if dispatch_batches:  # process 0 reads the whole loader; the dispatcher splits each global batch
+        from .dispatch import DispatchedDataLoader
+
+        per_dispatch = 1 if split_batches else num_processes
+        dispatcher = functools.partial(DispatchedDataLoader, num_processes=num_processes, process_index=process_index,
+                                       batches_per_dispatch=per_dispatch, even_batches=even_batches,
+                                       slice_fn=slice_fn_for_dispatch)
+        loader = _build(dataloader, device, 1, 0, False, even_batches, gradient_state, device_placement, data_seed,
+                        make=dispatcher)
+        if loader.global_batch_size is not None:
+            loader.global_batch_size *= per_dispatch
+        return loader
+    return _build(dataloader, device, num_processes, process_index, split_batches, even_batches, gradient_state,
+                  device_placement, data_seed, make=PreparedDataLoader)
+
+
+def _build(dataloader: DataLoader, device: torch.device | None, num_processes: int, process_index: int,
+           split_batches: bool, even_batches: bool, gradient_state: GradientState | None, device_placement: bool,
+           data_seed: int | None, make: Callable[..., PreparedDataLoader]) -> PreparedDataLoader:
+    """The prepared loader of `num_processes` ranks, made by `make` (PreparedDataLoader or the dispatcher)."""
     common = dict(
         device=device if device_placement else None,
         gradient_state=gradient_state,
@@ -311,7 +348,7 @@ def prepare_data_loader(
             )
             padded_remainder = dataset.padded_remainder
         per_process = dataloader.batch_size // num_processes if split_batches else dataloader.batch_size
-        return PreparedDataLoader(
+        return make(
             dataset, batch_size=per_process, drop_last=dataloader.drop_last, padded_remainder=padded_remainder,
             global_batch_size=per_process * num_processes, **common
         )
@@ -324,7 +361,7 @@ def prepare_data_loader(
             pre_batched = ShardedBatchSampler(pre_batched, num_processes, process_index, split_batches, even_batches)
             padded_remainder = pre_batched.padded_remainder
         size = dataloader.sampler.batch_size
-        return PreparedDataLoader(dataset, batch_size=None, sampler=pre_batched, padded_remainder=padded_remainder,
+        return make(dataset, batch_size=None, sampler=pre_batched, padded_remainder=padded_remainder,
                                   global_batch_size=size if split_batches else size * num_processes, **common)
     if dataloader.batch_sampler is None:
         raise ValueError(
@@ -339,7 +376,7 @@ def prepare_data_loader(
             "drop the DistributedSampler to get hasten's sharding, even batches and gather_for_metrics.",
             stacklevel=3,
         )
-        return PreparedDataLoader(dataset, batch_sampler=batch_sampler, **common)
+        return make(dataset, batch_sampler=batch_sampler, **common)
     order = _sample_order(dataloader, sampler, num_processes, data_seed) if type(batch_sampler) is BatchSampler else None
     if order is not None:
         batch_sampler = BatchSampler(order, batch_sampler.batch_size, batch_sampler.drop_last)
@@ -351,7 +388,7 @@ def prepare_data_loader(
         padded_remainder = batch_sampler.padded_remainder
     size = getattr(dataloader.batch_sampler, "batch_size", None)
     global_batch = None if size is None else (size if split_batches else size * num_processes)
-    return PreparedDataLoader(dataset, batch_sampler=batch_sampler, padded_remainder=padded_remainder, order=order,
+    return make(dataset, batch_sampler=batch_sampler, padded_remainder=padded_remainder, order=order,
                               global_batch_size=global_batch, **common)
 
 
@@ -375,11 +412,11 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         kwargs = {**_loader_kwargs(dataloader), "device": dataloader.device, "gradient_state": dataloader.gradient_state,
                   "padded_remainder": dataloader.padded_remainder, "order": dataloader.order,
                   "cursor": dataloader.cursor, "global_batch_size": dataloader.global_batch_size,
-                  "skip_batches": dataloader.skip_batches + num_batches}
+                  "skip_batches": dataloader.skip_batches + num_batches, **dataloader.view_kwargs()}
+        view = type(dataloader)
         if dataloader.batch_sampler is None:
-            return PreparedDataLoader(dataloader.dataset, batch_size=dataloader.batch_size,
-                                      drop_last=dataloader.drop_last, **kwargs)
-        return PreparedDataLoader(dataloader.dataset, batch_sampler=dataloader.batch_sampler, **kwargs)
+            return view(dataloader.dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs)
+        return view(dataloader.dataset, batch_sampler=dataloader.batch_sampler, **kwargs)
     kwargs = _loader_kwargs(dataloader)
     if dataloader.batch_sampler is None or isinstance(dataloader.dataset, IterableDataset):
         return PreparedDataLoader(dataloader.dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
