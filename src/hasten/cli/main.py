@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .. import __version__
-from . import config_command, env_command, launch as launch_command, merge_weights, test_command
+from . import config_command, env_command, estimate_memory, launch as launch_command, merge_weights, test_command
 
 
 class ConciseParser(argparse.ArgumentParser):
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     env_command.add_parser(commands)
     test_command.add_parser(commands)
     merge_weights.add_parser(commands)
+    estimate_memory.add_parser(commands)
     return parser
 
 
