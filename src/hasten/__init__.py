@@ -43,7 +43,7 @@ _EXPORTS = {
     "DDPCommunicationHookType": "options",
     "find_executable_batch_size": "utils.memory",
     "synchronize_rng_states": "utils.random",
-    "load_checkpoint_in_model": "checkpointing.model_files",
+    "load_checkpoint_in_model": "big_modeling.loading",
     "prepare_pippy": "inference",
     "is_rich_available": "utils.imports",
 }

@@ -5,7 +5,7 @@
 - `commit.py`: staging, fsync, manifest last, atomic rename; checks before loading.
 - `state.py`: what a checkpoint holds; save and load for an `Accelerator` (strategies supply model state).
 - `rng.py`: every RNG of a process as weights_only-loadable values.
-- `model_files.py`: `save_model`'s sharded safetensors + index; `load_checkpoint_in_model`.
+- `model_files.py`: `save_model`'s sharded safetensors + index (`load_checkpoint_in_model`, from `big_modeling.loading`).
 - `preemption.py`: signals -> an agreed checkpoint at a batch boundary; progress for restarts.
 - `api.py`: the `Accelerator` methods.
 

@@ -1,0 +1,301 @@
+"""Device maps: which device each module of a model lives on, planned from module sizes and per-device budgets.
+
+A device map is an ordered ``{module name: device}``; a module not named
+takes the device of its closest named parent ("" names the whole model).
+Devices are GPU indices (ints), "mps", "cpu" and "disk".
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .sizes import (
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    find_tied_parameters,
+    get_max_layer_size,
+    get_max_memory,
+)
+
+__all__ = ["check_device_map", "clean_device_map", "get_balanced_memory", "infer_auto_device_map"]
+
+_log = logging.getLogger(__name__)
+Entry = tuple[str, Any]  # (name, module or bare tensor) waiting for a device
+
+
+def _as_list(classes: Any) -> list[str]:
+    if classes is None:
+        return []
+    return list(classes) if isinstance(classes, (list, tuple, set)) else [classes]
+
+
+def _inside(name: str, module: str) -> bool:
+    return name == module or name.startswith(module + ".")
+
+
+def _splittable(module: Any, no_split: list[str]) -> bool:
+    return isinstance(module, nn.Module) and module.__class__.__name__ not in no_split and any(True for _ in module.children())
+
+
+def _parts(name: str, module: nn.Module) -> list[Entry]:
+    """What a module is cut into: its own parameters, its children, its own buffers (so every tensor gets a device)."""
+    parts = [*module.named_parameters(recurse=False), *module.named_children(), *module.named_buffers(recurse=False)]
+    return [(f"{name}.{n}", v) for n, v in parts]
+
+
+def _tied_outside(name: str, tied: list[list[str]]) -> list[str]:
+    """Names tied to a parameter inside `name` that live outside it (they must go where `name` goes)."""
+    outside: list[str] = []
+    for group in tied:
+        inner = [_inside(member, name) for member in group]
+        if any(inner) and not all(inner):
+            outside.extend(member for member, is_in in zip(group, inner) if not is_in)
+    return outside
+
+
+def _with_ties(size: int, outside: list[str], sizes: Mapping[str, int], queue: list[Entry]) -> tuple[int, list[Entry]]:
+    """Size of a module plus the waiting modules that hold its tied twins, and those modules."""
+    holders: dict[str, Any] = {}
+    for tied_name in outside:
+        for entry_name, entry in queue:
+            if _inside(tied_name, entry_name):
+                holders.setdefault(entry_name, entry)
+                break
+    # a tied weight is counted once in `sizes` (under its first name), so adding whole holders double counts nothing
+    return size + sum(sizes.get(n, 0) for n in holders), list(holders.items())
+
+
+def _layers_of(queue: list[Entry]) -> list[Entry]:
+    return [(n, m) for n, m in queue if isinstance(m, nn.Module)]
+
+
+def _fallback(queue: list[Entry], sizes: Mapping[str, int], room: int, no_split: list[str],
+              tied: list[list[str]]) -> tuple[Entry, list[Entry]] | None:
+    """Breadth-first search of the queue for a block that fits in `room`; returns it and the queue without it."""
+    search = list(queue)
+    found: Entry | None = None
+    while search:
+        name, module = search.pop(0)
+        needed, _ = _with_ties(sizes.get(name, 0), _tied_outside(name, tied), sizes, search)
+        if needed <= room:
+            found = (name, module)
+            break
+        if _splittable(module, no_split):
+            search = _parts(name, module) + search
+    if found is None:
+        return None
+    name = found[0]
+    rest = list(queue)
+    # cut open every ancestor of the found block that is still whole in the queue, then take the block out
+    cut = True
+    while cut:
+        cut = False
+        for i, (entry_name, entry) in enumerate(rest):
+            if entry_name != name and _inside(name, entry_name):
+                rest[i:i + 1] = _parts(entry_name, entry)
+                cut = True
+                break
+    rest = [(n, m) for n, m in rest if n != name]
+    return found, rest
+
+
+def infer_auto_device_map(
+    model: nn.Module,
+    max_memory: Mapping[Any, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    special_dtypes: Mapping[str, str | torch.dtype] | None = None,
+    verbose: bool = False,
+    clean_result: bool = True,
+    offload_buffers: bool = False,
+    fallback_allocation: bool = False,
+) -> OrderedDict[str, int | str]:
+    """Plan where each module of `model` goes: GPUs in order, then "cpu", then "disk", within `max_memory`.
+
+    Modules are taken in definition order and put on the current device
+    while they fit; one that does not fit is cut into its children (never a
+    module whose class name is in `no_split_module_classes`), else the next
+    device is used. The first GPU and the CPU keep room for the largest
+    block, which is where offloaded blocks run. Tied parameters stay
+    together. With `fallback_allocation`, a device that would stay empty
+    first takes some smaller block that fits. "disk" is always the last
+    resort and unlimited unless `max_memory` gives it a budget.
+
+    Example:
+        >>> net = nn.Sequential(*[nn.Linear(100, 100) for _ in range(4)])  # 40400 bytes per layer
+        >>> dict(infer_auto_device_map(net, max_memory={"cpu": 100_000}))
+        {'0': 'cpu', '1': 'disk', '2': 'disk', '3': 'disk'}
+    """
+    budgets = get_max_memory(max_memory)
+    no_split = _as_list(no_split_module_classes)
+    devices = [*budgets, *(["disk"] if "disk" not in budgets else [])]
+    gpus = [d for d in devices if d not in ("cpu", "disk")]
+    runs_offloaded = ["mps"] if "mps" in gpus else ([gpus[0], "cpu"] if gpus else ["cpu"])
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    tied = find_tied_parameters(model)
+    queue: list[Entry] = [*model.named_parameters(recurse=False), *model.named_children(), *model.named_buffers(recurse=False)]
+
+    device_map: OrderedDict[str, int | str] = OrderedDict()
+    used = dict.fromkeys(devices, 0)
+    buffers_off_gpu = 0
+    first_need: dict[Any, int] = {}
+    current = 0
+    largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
+    while queue:
+        name, module = queue.pop(0)
+        largest_names = [n for n in largest_names if not _inside(n, name)]
+        if not largest_names:  # the largest block was just taken: the reserve can shrink
+            largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
+        device = devices[current]
+        reserve = largest if device in runs_offloaded else 0
+        room = None if device == "disk" and "disk" not in budgets else budgets[device] - reserve
+        size = sizes.get(name, 0)
+        outside = _tied_outside(name, tied)
+        needed, holders = _with_ties(size, outside, sizes, queue)
+        if verbose:
+            print(f"{name} needs {needed} bytes; {device} has {'unlimited' if room is None else room - used[device]} left.")
+
+        if room is None or used[device] + needed <= room:
+            used[device] += needed
+            device_map[name] = device
+            for holder_name, _ in holders:
+                device_map[holder_name] = device
+            queue = [(n, m) for n, m in queue if n not in dict(holders)]
+            if not offload_buffers and device in ("cpu", "disk") and isinstance(module, nn.Module):
+                buffers_off_gpu += compute_module_total_buffer_size(module, dtype=dtype, special_dtypes=special_dtypes)
+            continue
+
+        if holders and used[device] + size <= room:
+            # the module fits without its tied twins: cut the first twin that can be cut, and retry
+            cuttable = next(((n, m) for n, m in holders if _splittable(m, no_split)), None)
+            if cuttable is not None:
+                at = next(i for i, (n, _) in enumerate(queue) if n == cuttable[0])
+                queue = [(name, module), *queue[:at], *_parts(*cuttable), *queue[at + 1:]]
+                largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
+                continue
+        elif _splittable(module, no_split):
+            queue = [*_parts(name, module), *queue]
+            largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
+            continue
+
+        if fallback_allocation and used[device] == 0 and device != "disk":
+            found = _fallback(queue, sizes, budgets[device] - max(largest, needed), no_split, tied)
+            if found is not None:
+                queue = [found[0], (name, module), *found[1]]
+                continue
+
+        if used[device] == 0:
+            first_need[device] = needed + reserve
+        if current + 1 == len(devices):
+            budget_text = ", ".join(f"{d}: {budgets[d]}" for d in budgets)
+            raise ValueError(f"{name!r} needs {needed} bytes and fits on no device of max_memory ({budget_text} bytes, "
+                             f"{reserve} of {device}'s kept for the largest block); raise a budget or leave 'disk' unlimited.")
+        current += 1
+        queue.insert(0, (name, module))
+
+    if first_need:
+        _log.info("devices left empty (bytes their first module needed): %s", first_need)
+    if gpus and buffers_off_gpu and not any(budgets[g] >= used.get(g, 0) + buffers_off_gpu for g in gpus):
+        warnings.warn(f"the buffers of modules on cpu/disk ({buffers_off_gpu} bytes) fit on no GPU next to its weights; "
+                      "pass offload_buffers=True to offload them too.", stacklevel=2)
+    return clean_device_map(device_map) if clean_result else device_map
+
+
+def get_balanced_memory(
+    model: nn.Module,
+    max_memory: Mapping[Any, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    special_dtypes: Mapping[str, str | torch.dtype] | None = None,
+    low_zero: bool = False,
+) -> dict[int | str, int]:
+    """Per-device budgets that spread `model` evenly over the GPUs instead of filling the first ones.
+
+    Each GPU but the last gets about model size / GPU count plus a margin
+    (1.25 x the larger of the biggest no-split block and the mean leaf module);
+    the last keeps its full budget. `low_zero` leaves GPU 0 as empty as
+    possible (for generation outputs). Without GPUs, `max_memory` is returned
+    as `get_max_memory` normalises it.
+
+    Example:
+        >>> net = nn.Sequential(*[nn.Linear(100, 100) for _ in range(4)])
+        >>> get_balanced_memory(net, {0: 10**6, 1: 10**6, "cpu": 10**6})
+        {0: 131300, 1: 1000000, 'cpu': 1000000}
+    """
+    user_gave_budgets = max_memory is not None
+    budgets = get_max_memory(max_memory)
+    gpus = sorted(d for d, budget in budgets.items() if isinstance(d, int) and budget > 0)
+    if not gpus:
+        return budgets
+    if len(gpus) == 1:
+        low_zero = False  # nothing to move GPU 0's share to
+        if not user_gave_budgets:
+            budgets[gpus[0]] = int(budgets[gpus[0]] * 0.9)  # measured free memory: leave headroom against OOM
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    share = sizes[""] // (len(gpus) - 1 if low_zero else len(gpus))
+
+    # a plain even share is too small: rounding to whole blocks leaves every GPU a bit short, so add a margin
+    no_split = _as_list(no_split_module_classes)
+    block = 0
+    if no_split:
+        seen: set[str] = set()
+        for name, module in model.named_modules():
+            cls = module.__class__.__name__
+            if name and cls in no_split and cls not in seen:
+                seen.add(cls)
+                block = max(block, sizes.get(name, 0))
+    tensor_names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    module_names = [n for n in sizes if n and n not in tensor_names]
+    parents = {n.rpartition(".")[0] for n in module_names if "." in n}
+    leaves = [n for n in module_names if n not in parents]
+    mean_leaf = int(sum(sizes[n] for n in leaves) / max(len(leaves), 1))
+    share += int(1.25 * max(block, mean_leaf))
+
+    for gpu in gpus[:-1]:  # the last GPU keeps its whole budget in case the margin was not enough
+        budgets[gpu] = min(budgets[gpus[0]] if low_zero and gpu == gpus[0] else share, budgets[gpu])
+    if low_zero:
+        budgets[gpus[0]] = min(max(0, sizes[""] - sum(budgets[g] for g in gpus[1:])), budgets[gpus[0]])
+    return budgets
+
+
+def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
+    """Raise unless `device_map` gives a device to every tensor of `model`'s state dict.
+
+    Example:
+        >>> check_device_map(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), {"0": "cpu", "1": "disk"})
+    """
+    if "" in device_map:
+        return
+    uncovered = [name for name in model.state_dict() if not any(_inside(name, key) for key in device_map)]
+    if uncovered:
+        shown = ", ".join(uncovered[:10]) + (f" and {len(uncovered) - 10} more" if len(uncovered) > 10 else "")
+        raise ValueError(f"the device_map gives no device to {len(uncovered)} tensor(s) of the model: {shown}; "
+                         "add their modules (or '') to the map.")
+
+
+def clean_device_map(device_map: MutableMapping[str, Any], module_name: str = "") -> MutableMapping[str, Any]:
+    """Merge entries into their parent wherever all entries under that parent share one device (in place, order kept).
+
+    Example:
+        >>> dict(clean_device_map(OrderedDict([("a.0", 0), ("a.1", 0), ("b", "cpu")])))
+        {'a': 0, 'b': 'cpu'}
+    """
+    under = [k for k in device_map if not module_name or _inside(k, module_name)]
+    if len(under) > 1 and len({str(device_map[k]) for k in under}) == 1:
+        device = device_map[under[0]]
+        merged = [(module_name, device) if k == under[0] else (k, v) for k, v in device_map.items() if k == under[0] or k not in under]
+        device_map.clear()
+        device_map.update(merged)
+        return device_map
+    depth = len(module_name.split(".")) if module_name else 0
+    children = dict.fromkeys(".".join(k.split(".")[:depth + 1]) for k in under if k != module_name)
+    for child in children:
+        clean_device_map(device_map, child)
+    return device_map

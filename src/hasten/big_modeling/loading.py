@@ -1,0 +1,365 @@
+"""`load_checkpoint_in_model`: read a checkpoint tensor by tensor into a model, each tensor onto its mapped device.
+
+Only one tensor of the checkpoint is in memory at a time (safetensors files
+are read entry by entry, torch files are memory-mapped), so a model whose
+weights go partly to disk loads within the CPU budget plus one tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import mmap
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpointing.constants import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
+from ..logging import get_logger
+from .offload import load_offloaded_weights, offload_weight, save_offload_index
+from .sizes import (
+    _device_in_map,
+    _owner,
+    _to_dtype,
+    check_tied_parameters_on_same_device,
+    find_tied_parameters,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+
+__all__ = ["checkpoint_files", "load_checkpoint_in_model"]
+
+logger = get_logger(__name__)
+
+
+def checkpoint_files(checkpoint: str | os.PathLike[str]) -> list[Path]:
+    """The weight files of `checkpoint`: a weights file, an ``*.index.json`` of shards, or a folder holding either.
+
+    In a folder, safetensors wins over torch files and an index over a
+    single file (`save_model` never leaves both). Every shard an index
+    names must exist.
+
+    Example:
+        >>> import tempfile
+        >>> from hasten.checkpointing.model_files import write_model_files
+        >>> folder = tempfile.mkdtemp(); _ = write_model_files({"w": torch.ones(1)}, folder)
+        >>> [p.name for p in checkpoint_files(folder)]
+        ['model.safetensors']
+    """
+    path = Path(checkpoint)
+    if path.is_dir():
+        for name in (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME):
+            if (path / name).is_file():
+                return checkpoint_files(path / name)
+        indexes = sorted(path.glob("*.index.json"))
+        if len(indexes) == 1:
+            return checkpoint_files(indexes[0])
+        found = f"several index files ({', '.join(p.name for p in indexes)}); delete the stale ones" if indexes else "no weights"
+        raise ValueError(f"{path} holds {found}: expected {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, {WEIGHTS_NAME} "
+                         f"or {WEIGHTS_INDEX_NAME}.")
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}: give a weights file, an .index.json or a folder holding them.")
+    if not path.name.endswith(".json"):
+        return [path]
+    try:
+        weight_map = json.loads(path.read_text(encoding="utf-8"))
+        weight_map = weight_map.get("weight_map", weight_map)
+        shards = [path.parent / name for name in dict.fromkeys(weight_map.values())]
+    except (ValueError, AttributeError, TypeError):
+        raise ValueError(f"{path} is not a checkpoint index (JSON with a 'weight_map' of tensor -> shard file); "
+                         "re-save the checkpoint or download it again.") from None
+    for shard in shards:
+        if not shard.is_file():
+            raise FileNotFoundError(f"shard {shard.name} listed in {path.name} is missing from {path.parent}; download or "
+                                    "copy it again (or re-save the checkpoint).")
+    return shards
+
+
+def _damaged(file: Path, error: BaseException) -> ValueError:
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ValueError(f"{file} is damaged or truncated ({reason}); re-save the checkpoint or download the file again.")
+
+
+def _read_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of one weights file, one tensor at a time, each a private copy the caller may keep."""
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+
+        try:
+            yield from _read_safetensors(file)
+        except SafetensorError as error:
+            raise _damaged(file, error) from None
+        return
+    mapped = True
+    try:
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap" not in str(error):
+                raise
+            mapped = False  # legacy (non-zip) files cannot be mapped
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise  # a refused pickle is a safety decision, not damage: keep torch's own explanation
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
+        raise _damaged(file, error) from None
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{file} holds a {type(state).__name__}, not a state dict of tensors.")
+    for name in list(state):
+        tensor = state.pop(name)
+        # mapped tensors alias the file: copy so the model never depends on (or faults on) a file that may be rewritten
+        copy = tensor.clone()
+        if mapped:
+            _release_pages(tensor)
+        del tensor
+        yield name, copy
+        del copy
+
+
+def _release_pages(tensor: torch.Tensor) -> None:
+    """Drop the pages of a file-mapped tensor from this process (Linux); the page cache keeps them.
+
+    torch maps the whole file at once and unmaps it only when its last
+    tensor dies, so without this every page read would stay resident until
+    the end of the file. Only whole pages inside the tensor's own storage
+    are released, and they are clean file pages: touching them again would
+    just read the file again.
+    """
+    libc = _libc()
+    if libc is None:
+        return
+    storage = tensor.untyped_storage()
+    start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED)
+
+
+_MADV_DONTNEED = 4
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_REOPEN_BYTES = 64 * 2**20
+
+
+def _read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors of a safetensors file, read with pread(2) where safetensors can (no mapping: nothing lingers in RSS).
+
+    Older safetensors only map the file: every page read stays resident
+    while the mapping lives, and tensors may be views of it. There each
+    tensor is copied out and the file is reopened every 64 MiB, which
+    bounds what a big shard adds to resident memory.
+    """
+    from safetensors import safe_open
+
+    try:
+        handle, private = safe_open(str(file), framework="pt", device="cpu", backend="pread"), True
+    except TypeError:  # safetensors < 0.8 has no backend choice
+        handle, private = safe_open(str(file), framework="pt", device="cpu"), False
+    read = 0
+    for name in list(handle.keys()):
+        if not private and read >= _REOPEN_BYTES:
+            del handle  # unmaps the file, dropping the pages read so far from this process
+            handle, read = safe_open(str(file), framework="pt", device="cpu"), 0
+        tensor = handle.get_tensor(name)
+        if not private:
+            tensor = tensor.clone()
+        read += tensor.numel() * tensor.element_size()
+        yield name, tensor
+        del tensor
+    del handle
+
+
+def _fp32_match(name: str, keep_in_fp32_modules: list[str]) -> bool:
+    """True if a module named in `keep_in_fp32_modules` ("wo", "encoder.norm") appears in `name` as whole components."""
+    parts = name.split(".")
+    for key in keep_in_fp32_modules:
+        want = key.split(".")
+        if any(parts[i:i + len(want)] == want for i in range(len(parts) - len(want) + 1)):
+            return True
+    return False
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: Mapping[str, int | str | torch.device] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+) -> None:
+    """Load `checkpoint` (a file, an ``.index.json`` of shards, or a folder) into `model`, tensor by tensor.
+
+    Each tensor goes to the device `device_map` gives its module (the
+    longest matching name; "" covers all). Tensors mapped to "disk" are
+    written to `offload_folder` (``<name>.dat`` + ``index.json``) and stay on
+    ``meta`` in the model; so do buffers there when `offload_buffers`, else
+    buffers are kept on the CPU. Without a map, tensors keep the model's
+    devices (``meta`` ones go to the CPU) and real tensors are filled in
+    place. `dtype` casts floating-point tensors, except those under
+    `keep_in_fp32_modules`, which become float32; without `dtype` each
+    tensor takes the model's dtype. `offload_state_dict` parks CPU tensors
+    on disk until the end. Missing and unexpected keys are a ValueError with
+    `strict`, else a warning. Tied parameters are tied again at the end.
+
+    Example:
+        >>> import tempfile
+        >>> from hasten.checkpointing.model_files import write_model_files
+        >>> folder = tempfile.mkdtemp(); _ = write_model_files(nn.Linear(2, 2).state_dict(), folder)
+        >>> with torch.device("meta"):
+        ...     empty = nn.Linear(2, 2)
+        >>> load_checkpoint_in_model(empty, folder, device_map={"": "cpu"}, strict=True)
+        >>> empty.weight.device
+        device(type='cpu')
+    """
+    if offload_8bit_bnb:
+        raise NotImplementedError("offload_8bit_bnb needs bitsandbytes 8-bit quantization, which hasten does not do; "
+                                  "load without it.")
+    dtype = _to_dtype(dtype)
+    if device_map is not None and "disk" in device_map.values() and offload_folder is None:
+        raise ValueError("the device_map sends modules to 'disk' but no offload_folder was given; pass "
+                         "offload_folder=<a folder for the offloaded weights>.")
+    files = checkpoint_files(checkpoint)
+    tied = find_tied_parameters(model)
+    if device_map is not None:
+        check_tied_parameters_on_same_device(tied, device_map)
+    if offload_folder is not None:
+        os.makedirs(offload_folder, exist_ok=True)
+    # names, shapes and dtypes only: holding the tensors themselves would keep replaced weights alive
+    expected = {name: (tensor.shape, tensor.dtype) for name, tensor in model.state_dict(keep_vars=True).items()}
+    buffers = {name for name, _ in model.named_buffers()}
+    twin_of = {name: group for group in tied for name in group}
+    staging = tempfile.mkdtemp(prefix="hasten-state-") if offload_state_dict else None
+    offload_index: dict[str, Any] = {}
+    staged_index: dict[str, Any] = {}
+    in_memory: set[str] = set()  # names whose data now lives in the model (not on meta)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    fp32 = list(keep_in_fp32_modules or [])
+    try:
+        for file in files:
+            for name, tensor in _read_tensors(file):
+                if name not in expected:
+                    unexpected.append(name)
+                    continue
+                shape, model_dtype = expected[name]
+                if tensor.shape != shape:
+                    raise ValueError(f"{name} has shape {tuple(tensor.shape)} in {file.name} but {tuple(shape)} in the model.")
+                cast = None  # None: take the model's dtype, as load_state_dict does
+                if dtype is not None and tensor.is_floating_point():
+                    cast = torch.float32 if fp32 and _fp32_match(name, fp32) else dtype
+                device = None if device_map is None else _device_in_map(name, device_map)
+                if isinstance(device, torch.device) and device.type == "cpu":
+                    device = "cpu"
+                if device == "disk" and name in buffers and not offload_buffers:
+                    device = "cpu"  # buffers stay in memory; hooks move them to the execution device
+                if device == "disk" or (device == "cpu" and staging is not None):
+                    folder, index = (offload_folder, offload_index) if device == "disk" else (staging, staged_index)
+                    tensor = tensor.to(cast or model_dtype) if tensor.is_floating_point() else tensor
+                    set_module_tensor_to_device(model, name, "meta", dtype=tensor.dtype)
+                    offload_weight(tensor, name, folder, index=index)
+                elif in_memory.intersection(twin_of.get(name, ())):
+                    _share(model, name, next(n for n in twin_of[name] if n in in_memory))  # one copy of a tied weight
+                    in_memory.add(name)
+                else:
+                    _place(model, name, tensor, device, cast)
+                    in_memory.add(name)
+                loaded.add(name)
+                del tensor  # drop the only reference before reading the next one
+        if offload_folder is not None:
+            save_offload_index(offload_index, offload_folder)
+        if staging is not None:
+            load_offloaded_weights(model, staged_index, staging)
+            in_memory.update(staged_index)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    _retie(model, tied, in_memory)
+    _report(model, checkpoint, expected, loaded, unexpected, tied, strict)
+
+
+def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast: torch.dtype | None) -> None:
+    """Put one checkpoint tensor into the model; without a device map, fill real tensors in place.
+
+    Filling in place keeps the tensor's identity (ties, optimizer references)
+    and device; ``meta`` tensors go to the CPU.
+    """
+    owner, leaf = _owner(model, name)
+    current = getattr(owner, leaf)
+    if device is None and not current.is_meta and (cast is None or cast == current.dtype):
+        with torch.no_grad():
+            current.copy_(tensor)
+        return
+    if device is None:
+        device = "cpu" if current.is_meta else current.device
+    set_module_tensor_to_device(model, name, device, value=tensor, dtype=cast)
+
+
+def _share(model: nn.Module, name: str, source: str) -> None:
+    source_owner, source_leaf = _owner(model, source)
+    owner, leaf = _owner(model, name)
+    setattr(owner, leaf, getattr(source_owner, source_leaf))
+
+
+def _retie(model: nn.Module, tied: list[list[str]], in_memory: set[str]) -> None:
+    """Tie each group to the weight the checkpoint gave it (not to a stale initial value); else as before."""
+    for group in tied:
+        source = next((n for n in group if n in in_memory), None)
+        if source is None:
+            retie_parameters(model, [group])
+            continue
+        for name in group:
+            if name != source:
+                _share(model, name, source)
+
+
+def _report(model: nn.Module, checkpoint: Any, expected: Mapping[str, Any], loaded: set[str], unexpected: list[str],
+            tied: list[list[str]], strict: bool) -> None:
+    covered = set(loaded)
+    for group in tied:  # checkpoints often store a tied weight under one of its names only
+        if covered.intersection(group):
+            covered.update(group)
+    missing = [name for name in expected if name not in covered]
+    if not missing and not unexpected:
+        return
+    what = " and ".join(part for part in (
+        f"{len(missing)} missing key(s) ({_listed(missing)})" if missing else "",
+        f"{len(unexpected)} unexpected key(s) ({_listed(unexpected)})" if unexpected else "") if part)
+    message = f"the checkpoint at {checkpoint} does not match {type(model).__name__}: {what}."
+    if strict:
+        raise ValueError(message + " Load it with strict=False to accept that.")
+    logger.warning(message + " Missing weights keep what the model had (nothing, for tensors on meta).")
