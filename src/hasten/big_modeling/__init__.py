@@ -9,4 +9,49 @@ Modules (one concept each):
 - `hooks.py`: forward hooks that move weights in before a block runs and out after.
 - `dispatch.py`: `init_empty_weights`, `dispatch_model`, `cpu_offload`, `disk_offload`,
   `load_checkpoint_and_dispatch`.
+- `estimate.py`: `hasten estimate-memory`.
+
+The names below are those of ``accelerate.big_modeling``; they are imported
+on first use, so `hasten estimate-memory` reading safetensors headers never
+imports torch.
+
+Example:
+    >>> import torch
+    >>> from hasten.big_modeling import init_empty_weights
+    >>> with init_empty_weights():
+    ...     layer = torch.nn.Linear(4, 4)
+    >>> layer.weight.device
+    device(type='meta')
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "init_empty_weights": "dispatch",
+    "init_on_device": "dispatch",
+    "cpu_offload": "dispatch",
+    "cpu_offload_with_hook": "dispatch",
+    "disk_offload": "dispatch",
+    "dispatch_model": "dispatch",
+    "load_checkpoint_and_dispatch": "dispatch",
+    "load_checkpoint_in_model": "loading",
+    "infer_auto_device_map": "device_map",
+    "get_balanced_memory": "device_map",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hasten.big_modeling' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *globals()})

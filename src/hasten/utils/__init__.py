@@ -76,7 +76,7 @@ from ..checkpointing.constants import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
-from ..checkpointing.model_files import load_checkpoint_in_model
+from ..big_modeling.loading import load_checkpoint_in_model
 from ..checkpointing.project import ProjectConfiguration
 from ..data import skip_first_batches
 from ..options import (
@@ -188,6 +188,15 @@ _LAZY = {
     "save_fsdp_optimizer": ".fsdp_utils",
     "load_fsdp_optimizer": ".fsdp_utils",
 }
+# Big-model helpers (`accelerate.utils.modeling` / `.offload` names), from `hasten.big_modeling`.
+_LAZY.update({name: ".modeling" for name in (
+    "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",
+    "compute_module_total_buffer_size", "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters",
+    "get_balanced_memory", "get_max_layer_size", "get_max_memory", "infer_auto_device_map", "load_offloaded_weights",
+    "named_module_tensors", "retie_parameters", "set_module_tensor_to_device")})
+_LAZY.update({name: ".offload" for name in (
+    "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
+    "offload_state_dict", "offload_weight", "save_offload_index")})
 __all__ += sorted(_LAZY)
 
 
