@@ -1,6 +1,6 @@
 """Forward hooks that move weights and inputs between devices, at the peer's path (``accelerate.hooks``).
 
-The code lives in `hasten.big_modeling.hooks`.
+The code lives in `hasten.big_modeling.hooks` (and `.casting` for `LayerwiseCastingHook`).
 
 Example:
     >>> import torch
@@ -13,5 +13,8 @@ Example:
     tensor([2.])
 """
 
+from .big_modeling.casting import LayerwiseCastingHook  # noqa: F401
 from .big_modeling.hooks import *  # noqa: F401,F403
-from .big_modeling.hooks import __all__  # noqa: F401
+from .big_modeling.hooks import __all__ as _hook_names
+
+__all__ = [*_hook_names, "LayerwiseCastingHook"]

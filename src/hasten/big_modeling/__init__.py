@@ -9,6 +9,9 @@ Modules (one concept each):
 - `hooks.py`: forward hooks that move weights in before a block runs and out after.
 - `dispatch.py`: `init_empty_weights`, `dispatch_model`, `cpu_offload`, `disk_offload`,
   `load_checkpoint_and_dispatch`.
+- `casting.py`: layerwise casting (weights stored in a small dtype, cast up per layer for its forward).
+- `model_helpers.py`: the rest of ``accelerate.utils.modeling`` (offloaded state dicts, `align_module_device`,
+  `load_state_dict`, autocast and grad-scaler helpers).
 - `estimate.py`: `hasten estimate-memory`.
 
 The names below are those of ``accelerate.big_modeling``; they are imported
@@ -40,6 +43,7 @@ _EXPORTS = {
     "load_checkpoint_in_model": "loading",
     "infer_auto_device_map": "device_map",
     "get_balanced_memory": "device_map",
+    "attach_layerwise_casting_hooks": "casting",
 }
 __all__ = sorted(_EXPORTS)
 

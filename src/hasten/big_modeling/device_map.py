@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .sizes import (
+    _parse_size,
     compute_module_sizes,
     compute_module_total_buffer_size,
     find_tied_parameters,
@@ -24,7 +25,8 @@ from .sizes import (
     get_max_memory,
 )
 
-__all__ = ["check_device_map", "clean_device_map", "get_balanced_memory", "infer_auto_device_map"]
+__all__ = ["check_device_map", "clean_device_map", "fallback_allocate", "get_balanced_memory", "get_module_leaves",
+           "get_module_size_with_ties", "infer_auto_device_map"]
 
 _log = logging.getLogger(__name__)
 Entry = tuple[str, Any]  # (name, module or bare tensor) waiting for a device
@@ -104,6 +106,62 @@ def _fallback(queue: list[Entry], sizes: Mapping[str, int], room: int, no_split:
                 break
     rest = [(n, m) for n, m in rest if n != name]
     return found, rest
+
+
+def get_module_size_with_ties(tied_params: list[str], module_size: int, module_sizes: Mapping[str, int],
+                              modules_to_treat: list[Entry]) -> tuple[int, list[str], list[Any]]:
+    """Bytes a module needs with the waiting modules holding its tied twins, and those modules' names and objects.
+
+    `tied_params` names the twins outside the module; `modules_to_treat` is
+    the queue of ``(name, module)`` still waiting for a device. A holder is
+    counted once however many twins it holds, and a tied weight is counted
+    once in `module_sizes` (under its first name), so nothing counts twice.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)); net[1].weight = net[0].weight
+        >>> sizes = compute_module_sizes(net)
+        >>> get_module_size_with_ties(["1.weight"], sizes["0"], sizes, list(net.named_children())[1:])[:2]
+        (32, ['1'])
+    """
+    needed, holders = _with_ties(module_size, list(tied_params), module_sizes, list(modules_to_treat))
+    return needed, [name for name, _ in holders], [module for _, module in holders]
+
+
+def fallback_allocate(modules: list[Entry], module_sizes: Mapping[str, int], size_limit: int | str,
+                      no_split_module_classes: list[str] | None = None,
+                      tied_parameters: list[list[str]] | None = None) -> tuple[str | None, Any, list[Entry]]:
+    """First block (breadth-first, cutting modules open as needed) of `modules` that fits in `size_limit` with its ties.
+
+    Returns its name, the block, and `modules` with every ancestor of it cut
+    into its parts and the block taken out; ``(None, None, modules)`` when
+    nothing fits. `infer_auto_device_map(fallback_allocation=True)` uses it
+    to put something on a device that would otherwise stay empty.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(100, 100), nn.Linear(2, 2))
+        >>> name, block, rest = fallback_allocate(list(net.named_children()), compute_module_sizes(net), "1KB")
+        >>> name, [n for n, _ in rest]
+        ('1', ['0'])
+    """
+    found = _fallback(list(modules), module_sizes, _parse_size(size_limit, "size_limit"),
+                      _as_list(no_split_module_classes), list(tied_parameters or []))
+    if found is None:
+        return None, None, modules
+    (name, block), rest = found
+    return name, block, rest
+
+
+def get_module_leaves(module_sizes: Mapping[str, int]) -> list[str]:
+    """The names in `module_sizes` (besides "") that no other name there lies under, in order.
+
+    On `compute_module_sizes` output these are tensor names; on module names only, the leaf modules.
+
+    Example:
+        >>> get_module_leaves({"": 3, "a": 2, "a.b": 2, "c": 1})
+        ['a.b', 'c']
+    """
+    parents = {name.rpartition(".")[0] for name in module_sizes if "." in name}
+    return [name for name in module_sizes if name and name not in parents]
 
 
 def infer_auto_device_map(
@@ -252,9 +310,7 @@ def get_balanced_memory(
                 seen.add(cls)
                 block = max(block, sizes.get(name, 0))
     tensor_names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
-    module_names = [n for n in sizes if n and n not in tensor_names]
-    parents = {n.rpartition(".")[0] for n in module_names if "." in n}
-    leaves = [n for n in module_names if n not in parents]
+    leaves = get_module_leaves({n: size for n, size in sizes.items() if n not in tensor_names})  # leaf modules
     mean_leaf = int(sum(sizes[n] for n in leaves) / max(len(leaves), 1))
     share += int(1.25 * max(block, mean_leaf))
 

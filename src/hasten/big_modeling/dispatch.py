@@ -290,13 +290,16 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
                                  offload_folder: str | os.PathLike[str] | None = None, offload_buffers: bool = False,
                                  dtype: str | torch.dtype | None = None, offload_state_dict: bool | None = None,
                                  skip_keys: str | list[str] | None = None, preload_module_classes: list[str] | None = None,
-                                 force_hooks: bool = False, strict: bool = False) -> nn.Module:
+                                 force_hooks: bool = False, strict: bool = False, full_state_dict: bool = True,
+                                 broadcast_from_rank0: bool = False) -> nn.Module:
     """Load a checkpoint (file, sharded index or folder) into a (usually empty) model and dispatch it.
 
     `device_map` is a dict or one of "auto", "balanced", "balanced_low_0",
     "sequential": the strings infer one from `max_memory` ("auto"/"balanced"
     first balance the memory over several GPUs). Weights are loaded one tensor
     at a time; those mapped to "disk" go to `offload_folder`.
+    `full_state_dict` and `broadcast_from_rank0` (rank 0 alone reads the
+    files and broadcasts them) are as in `load_checkpoint_in_model`.
 
     Example:
         >>> with init_empty_weights():
@@ -316,7 +319,8 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     if offload_state_dict is None and device_map is not None and "disk" in device_map.values():
         offload_state_dict = True
     load_checkpoint_in_model(model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
-                             offload_state_dict=offload_state_dict, offload_buffers=offload_buffers, strict=strict)
+                             offload_state_dict=offload_state_dict, offload_buffers=offload_buffers, strict=strict,
+                             full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0)
     if device_map is None:
         return model
     return dispatch_model(model, device_map=device_map, offload_dir=offload_folder, offload_buffers=offload_buffers,

@@ -19,7 +19,7 @@ from torch import nn
 from ..utils.memory import clear_device_cache
 from ..utils.operations import send_to_device
 from .offload import OffloadedWeightsLoader, PrefixedDataset
-from .sizes import named_module_tensors, set_module_tensor_to_device
+from .sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 
 __all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
            "attach_execution_device_hook", "attach_align_device_hook", "attach_align_device_hook_on_blocks",
@@ -183,11 +183,6 @@ def _first_device(data: Any) -> torch.device | None:
     return next((d for d in map(_first_device, items) if d is not None), None)
 
 
-def _non_persistent_buffers(module: nn.Module, recurse: bool = False) -> list[str]:
-    modules = module.named_modules() if recurse else [("", module)]
-    return [f"{prefix}.{name}" if prefix else name for prefix, sub in modules for name in sub._non_persistent_buffers_set]
-
-
 class AlignDevicesHook(ModelHook):
     """Run a module on `execution_device`; with `offload=True` its weights live elsewhere between calls.
 
@@ -236,7 +231,7 @@ class AlignDevicesHook(ModelHook):
         if not self.offload:
             if device is not None:
                 for name, _ in named_module_tensors(module, recurse=self.place_submodules):
-                    set_module_tensor_to_device(module, name, device, tied_params_map=self.tied_params_map)
+                    set_module_tensor_to_device(module, name, device, tied_params_map=self.tied_params_map, clear_cache=False)
             return module
         self.original_devices = {name: t.device for name, t in named_module_tensors(module, recurse=self.place_submodules)}
         if self.weights_map is None:
@@ -249,10 +244,10 @@ class AlignDevicesHook(ModelHook):
             set_module_tensor_to_device(module, name, "meta")
         if device is not None:
             # Buffers not offloaded (all of them, or just the non-persistent ones) live on the execution device.
-            names = (_non_persistent_buffers(module, self.place_submodules) if self.offload_buffers
+            names = (get_non_persistent_buffers(module, self.place_submodules, fqns=True) if self.offload_buffers
                      else [name for name, _ in module.named_buffers(recurse=self.place_submodules)])
             for name in names:
-                set_module_tensor_to_device(module, name, device, tied_params_map=self.tied_params_map)
+                set_module_tensor_to_device(module, name, device, tied_params_map=self.tied_params_map, clear_cache=False)
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
@@ -276,7 +271,8 @@ class AlignDevicesHook(ModelHook):
                         # This call creates the shared on-device copy; post_forward forgets it again.
                         self.tied_pointers_to_remove.add((pointer, self.execution_device))
                 # On CPU with matching dtype a memory-mapped weight is used as is, without a copy.
-                set_module_tensor_to_device(module, name, self.execution_device, value=value, tied_params_map=tied)
+                set_module_tensor_to_device(module, name, self.execution_device, value=value, tied_params_map=tied,
+                                            clear_cache=False)
                 del value
         if self.execution_device is None:
             return args, kwargs
@@ -302,7 +298,7 @@ class AlignDevicesHook(ModelHook):
                     value = self.weights_map.get(name, None)
                     if value is not None and _is_mapped(self.weights_map, name):
                         value = value.clone()  # the module owns writable memory again, not a read-only file mapping
-                    set_module_tensor_to_device(module, name, device, value=value)
+                    set_module_tensor_to_device(module, name, device, value=value, clear_cache=False)
         return module
 
 

@@ -3,6 +3,8 @@
 Only one tensor of the checkpoint is in memory at a time (safetensors files
 are read entry by entry, torch files are memory-mapped), so a model whose
 weights go partly to disk loads within the CPU budget plus one tensor.
+With `broadcast_from_rank0`, only rank 0 reads the files and sends each
+tensor to the other ranks as it goes (one tensor in flight at a time).
 """
 
 from __future__ import annotations
@@ -196,6 +198,78 @@ def _read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     del handle
 
 
+def _file_tensors(files: list[Path]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """``(file name, tensor name, tensor)`` of the weight files, one tensor at a time."""
+    for file in files:
+        for name, tensor in _read_tensors(file):
+            yield file.name, name, tensor
+
+
+def _rank0_tensors(checkpoint: str | os.PathLike[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    # the files are resolved inside the generator, so a bad path is one more failure `_send` reports to the others
+    yield from _file_tensors(checkpoint_files(checkpoint))
+
+
+def _broadcast_tensors(checkpoint: str | os.PathLike[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """The checkpoint's tensors on every rank: rank 0 reads and broadcasts them, the others receive them."""
+    import torch.distributed as dist
+
+    # nccl moves only CUDA tensors; every other backend (gloo, mpi) moves CPU ones
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    yield from (_send(_rank0_tensors(checkpoint), device) if dist.get_rank() == 0 else _receive(device))
+
+
+def _send(tensors: Iterator[tuple[str, str, torch.Tensor]], device: torch.device) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Rank 0: broadcast each tensor (a header, then its bytes) before handing it on, then an end marker."""
+    import torch.distributed as dist
+
+    while True:
+        try:
+            item = next(tensors, None)
+        except Exception as error:
+            # the other ranks wait for a header: tell them why none comes, or they would wait until the timeout
+            dist.broadcast_object_list([{"error": f"{type(error).__name__}: {error}"}], src=0, device=device)
+            raise
+        if item is None:
+            dist.broadcast_object_list([None], src=0, device=device)
+            return
+        file_name, name, tensor = item
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)  # bytes: any dtype crosses any backend
+        header = {"file": file_name, "name": name, "shape": tuple(tensor.shape),
+                  "dtype": str(tensor.dtype).removeprefix("torch."), "bytes": data.numel()}
+        dist.broadcast_object_list([header], src=0, device=device)
+        if data.numel():
+            dist.broadcast(data.to(device), src=0)
+        del data
+        yield item
+
+
+def _receive(device: torch.device) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Other ranks: the tensors rank 0 broadcasts, in its order, until its end marker."""
+    import torch.distributed as dist
+
+    while True:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, device=device)
+        header = box[0]
+        if header is None:
+            return
+        if "error" in header:
+            raise RuntimeError(f"rank 0 could not read the checkpoint ({header['error']}), so there is nothing to "
+                               "receive; fix that on rank 0 and load again.")
+        data = torch.empty(header["bytes"], dtype=torch.uint8, device=device)
+        if header["bytes"]:
+            dist.broadcast(data, src=0)
+        yield header["file"], header["name"], data.view(getattr(torch, header["dtype"])).reshape(header["shape"])
+        del data
+
+
+def _dtensor_class() -> type | None:
+    # No DTensor exists unless its module was imported; importing it here would cost ~40 MiB of RSS for nothing.
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
 def _fp32_match(name: str, keep_in_fp32_modules: list[str]) -> bool:
     """True if a module named in `keep_in_fp32_modules` ("wo", "encoder.norm") appears in `name` as whole components."""
     parts = name.split(".")
@@ -221,6 +295,8 @@ def load_checkpoint_in_model(
     keep_in_fp32_modules: list[str] | None = None,
     offload_8bit_bnb: bool = False,
     strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
 ) -> None:
     """Load `checkpoint` (a file, an ``.index.json`` of shards, or a folder) into `model`, tensor by tensor.
 
@@ -236,6 +312,17 @@ def load_checkpoint_in_model(
     on disk until the end. Missing and unexpected keys are a ValueError with
     `strict`, else a warning. Tied parameters are tied again at the end.
 
+    Parameters that are DTensors (a model sharded with FSDP2 / tensor
+    parallelism, already materialised) are filled in place: each process
+    keeps its own shard of every full tensor read. `full_state_dict=True`
+    says the checkpoint holds full tensors, which files always do; False
+    (a state dict of DTensor shards) is refused for such a model and means
+    the same as True for a plain one. With `broadcast_from_rank0`, under an
+    initialised process group, only rank 0 reads `checkpoint` (the path
+    need not exist elsewhere) and broadcasts each tensor; every rank then
+    places it as above (each offloads to its own `offload_folder`: give
+    ranks sharing a disk different folders).
+
     Example:
         >>> import tempfile
         >>> from hasten.checkpointing.model_files import write_model_files
@@ -249,11 +336,23 @@ def load_checkpoint_in_model(
     if offload_8bit_bnb:
         raise NotImplementedError("offload_8bit_bnb needs bitsandbytes 8-bit quantization, which hasten does not do; "
                                   "load without it.")
+    if broadcast_from_rank0 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise ValueError("broadcast_from_rank0=True needs an initialized torch.distributed process group (rank 0 reads, "
+                         "the other ranks receive); call init_process_group first or pass broadcast_from_rank0=False.")
+    dtensor = _dtensor_class()
+    sharded = dtensor is not None and any(isinstance(t, dtensor) for t in model.state_dict(keep_vars=True).values())
+    if sharded and not full_state_dict:
+        raise ValueError("full_state_dict=False means a state dict of DTensor shards, which a checkpoint file of full "
+                         "tensors never is; pass full_state_dict=True (each process then keeps its shard of them).")
+    if sharded and device_map is not None:
+        raise ValueError("this model's parameters are DTensors (already sharded over a device mesh), which a device_map "
+                         "cannot move; load it without device_map.")
     dtype = _to_dtype(dtype)
     if device_map is not None and "disk" in device_map.values() and offload_folder is None:
         raise ValueError("the device_map sends modules to 'disk' but no offload_folder was given; pass "
                          "offload_folder=<a folder for the offloaded weights>.")
-    files = checkpoint_files(checkpoint)
+    # resolved now (unless another rank reads them): a bad path fails before anything is written
+    tensors = _broadcast_tensors(checkpoint) if broadcast_from_rank0 else _file_tensors(checkpoint_files(checkpoint))
     tied = find_tied_parameters(model)
     if device_map is not None:
         check_tied_parameters_on_same_device(tied, device_map)
@@ -271,35 +370,34 @@ def load_checkpoint_in_model(
     unexpected: list[str] = []
     fp32 = list(keep_in_fp32_modules or [])
     try:
-        for file in files:
-            for name, tensor in _read_tensors(file):
-                if name not in expected:
-                    unexpected.append(name)
-                    continue
-                shape, model_dtype = expected[name]
-                if tensor.shape != shape:
-                    raise ValueError(f"{name} has shape {tuple(tensor.shape)} in {file.name} but {tuple(shape)} in the model.")
-                cast = None  # None: take the model's dtype, as load_state_dict does
-                if dtype is not None and tensor.is_floating_point():
-                    cast = torch.float32 if fp32 and _fp32_match(name, fp32) else dtype
-                device = None if device_map is None else _device_in_map(name, device_map)
-                if isinstance(device, torch.device) and device.type == "cpu":
-                    device = "cpu"
-                if device == "disk" and name in buffers and not offload_buffers:
-                    device = "cpu"  # buffers stay in memory; hooks move them to the execution device
-                if device == "disk" or (device == "cpu" and staging is not None):
-                    folder, index = (offload_folder, offload_index) if device == "disk" else (staging, staged_index)
-                    tensor = tensor.to(cast or model_dtype) if tensor.is_floating_point() else tensor
-                    set_module_tensor_to_device(model, name, "meta", dtype=tensor.dtype)
-                    offload_weight(tensor, name, folder, index=index)
-                elif in_memory.intersection(twin_of.get(name, ())):
-                    _share(model, name, next(n for n in twin_of[name] if n in in_memory))  # one copy of a tied weight
-                    in_memory.add(name)
-                else:
-                    _place(model, name, tensor, device, cast)
-                    in_memory.add(name)
-                loaded.add(name)
-                del tensor  # drop the only reference before reading the next one
+        for file_name, name, tensor in tensors:
+            if name not in expected:
+                unexpected.append(name)
+                continue
+            shape, model_dtype = expected[name]
+            if tensor.shape != shape:
+                raise ValueError(f"{name} has shape {tuple(tensor.shape)} in {file_name} but {tuple(shape)} in the model.")
+            cast = None  # None: take the model's dtype, as load_state_dict does
+            if dtype is not None and tensor.is_floating_point():
+                cast = torch.float32 if fp32 and _fp32_match(name, fp32) else dtype
+            device = None if device_map is None else _device_in_map(name, device_map)
+            if isinstance(device, torch.device) and device.type == "cpu":
+                device = "cpu"
+            if device == "disk" and name in buffers and not offload_buffers:
+                device = "cpu"  # buffers stay in memory; hooks move them to the execution device
+            if device == "disk" or (device == "cpu" and staging is not None):
+                folder, index = (offload_folder, offload_index) if device == "disk" else (staging, staged_index)
+                tensor = tensor.to(cast or model_dtype) if tensor.is_floating_point() else tensor
+                set_module_tensor_to_device(model, name, "meta", dtype=tensor.dtype)
+                offload_weight(tensor, name, folder, index=index)
+            elif in_memory.intersection(twin_of.get(name, ())):
+                _share(model, name, next(n for n in twin_of[name] if n in in_memory))  # one copy of a tied weight
+                in_memory.add(name)
+            else:
+                _place(model, name, tensor, device, cast)
+                in_memory.add(name)
+            loaded.add(name)
+            del tensor  # drop the only reference before reading the next one
         if offload_folder is not None:
             save_offload_index(offload_index, offload_folder)
         if staging is not None:
@@ -320,13 +418,36 @@ def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast:
     """
     owner, leaf = _owner(model, name)
     current = getattr(owner, leaf)
+    dtensor = _dtensor_class()
+    if dtensor is not None and isinstance(current, dtensor):
+        _fill_shard(name, current, tensor, cast)
+        return
     if device is None and not current.is_meta and (cast is None or cast == current.dtype):
         with torch.no_grad():
             current.copy_(tensor)
         return
     if device is None:
         device = "cpu" if current.is_meta else current.device
-    set_module_tensor_to_device(model, name, device, value=tensor, dtype=cast)
+    set_module_tensor_to_device(model, name, device, value=tensor, dtype=cast, clear_cache=False)
+
+
+def _fill_shard(name: str, current: Any, tensor: torch.Tensor, cast: torch.dtype | None) -> None:
+    """Copy this process's shard of the full `tensor` into the DTensor `current`, in place (FSDP keeps its references)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if current.is_meta:
+        raise ValueError(f"{name} is a DTensor on the meta device, so there is no shard to fill; materialise the sharded "
+                         "model first (model.to_empty(device=...)), then load.")
+    if cast is not None and cast != current.dtype:
+        raise ValueError(f"{name} is a DTensor of {current.dtype}, whose dtype cannot change in place to {cast}; cast the "
+                         "model before sharding it, or load without dtype.")
+    full = tensor.to(current.device_mesh.device_type)
+    try:  # every process holds the full tensor: each slices its own shard, no communication
+        shard = distribute_tensor(full, current.device_mesh, current.placements, src_data_rank=None)
+    except TypeError:  # torch < 2.6 has no src_data_rank: scatter from the first rank (same data anyway)
+        shard = distribute_tensor(full, current.device_mesh, current.placements)
+    with torch.no_grad():
+        current.copy_(shard)
 
 
 def _share(model: nn.Module, name: str, source: str) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "find_tied_parameters",
     "get_max_layer_size",
     "get_max_memory",
+    "get_non_persistent_buffers",
     "named_module_tensors",
     "retie_parameters",
     "set_module_tensor_to_device",
@@ -103,13 +104,25 @@ def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurs
     yield from module.named_parameters(recurse=recurse)
     if not include_buffers:
         return
-    skipped: set[str] = set()
-    if remove_non_persistent:
-        owners = module.named_modules() if recurse else [("", module)]
-        skipped = {f"{prefix}.{name}" if prefix else name for prefix, owner in owners for name in owner._non_persistent_buffers_set}
+    skipped = get_non_persistent_buffers(module, recurse=recurse, fqns=True) if remove_non_persistent else set()
     for name, buffer in module.named_buffers(recurse=recurse):
         if name not in skipped:
             yield name, buffer
+
+
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers of `module` registered with ``persistent=False`` (left out of its state dict).
+
+    With `recurse`, submodules' too: as dotted names from `module` with
+    `fqns`, else as their bare names (which may then collide).
+
+    Example:
+        >>> net = nn.Sequential(nn.Module()); net[0].register_buffer("cache", torch.zeros(1), persistent=False)
+        >>> get_non_persistent_buffers(net), get_non_persistent_buffers(net, recurse=True, fqns=True)
+        (set(), {'0.cache'})
+    """
+    owners = module.named_modules() if recurse else [("", module)]
+    return {f"{prefix}.{name}" if prefix and fqns else name for prefix, owner in owners for name in owner._non_persistent_buffers_set}
 
 
 def _tensor_bytes(tensor: torch.Tensor, dtype: Any, special: Mapping[str, Any], name: str) -> int:
@@ -325,7 +338,8 @@ def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[in
 def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int | str | torch.device,
                                 value: torch.Tensor | None = None, dtype: torch.dtype | str | None = None,
                                 fp16_statistics: torch.Tensor | None = None,
-                                tied_params_map: dict[int, dict[Any, torch.Tensor]] | None = None) -> None:
+                                tied_params_map: dict[int, dict[Any, torch.Tensor]] | None = None,
+                                non_blocking: bool = False, clear_cache: bool = True) -> None:
     """Put the parameter or buffer `tensor_name` ("block.0.weight") of `module` on `device`, optionally with new data.
 
     `value` replaces the data (its shape must match); it is cast to `dtype`
@@ -334,7 +348,12 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
     A tensor on ``meta`` needs a `value` to go anywhere but ``meta``.
     `tied_params_map` (data pointer -> {device: tensor}) lets tied weights
     share the copy already made on `device` instead of making another.
-    `fp16_statistics` (bitsandbytes) is accepted and ignored.
+    `non_blocking` makes the copy to `device` asynchronous where torch can
+    (pinned CPU memory to CUDA); `clear_cache` empties the accelerator's
+    cache afterwards when `device` is an accelerator (hasten's own hooks and
+    loaders pass False: emptying it per tensor only slows them down).
+    `fp16_statistics` (bitsandbytes 8-bit statistics) is refused: hasten
+    does not load bitsandbytes-quantized weights.
 
     Example:
         >>> with torch.device("meta"):
@@ -343,6 +362,9 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
         >>> layer.weight.device, layer.weight.requires_grad
         (device(type='cpu'), True)
     """
+    if fp16_statistics is not None:
+        raise NotImplementedError("set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, "
+                                  "which hasten does not load; pass the weights unquantized.")
     owner, leaf = _owner(module, tensor_name)
     is_buffer = leaf in owner._buffers
     if not is_buffer and leaf not in owner._parameters:
@@ -371,9 +393,9 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
                 value = value.to(old.dtype)  # what load_state_dict does: the model's dtype wins
             elif not str(value.dtype).startswith(_NEVER_CAST):
                 value = value.to(dtype)
-            new = value.to(target)
+            new = value.to(target, non_blocking=non_blocking)
         else:
-            new = old.to(target)
+            new = old.to(target, non_blocking=non_blocking)
             if dtype is not None and target.type == "meta" and not str(old.dtype).startswith(_NEVER_CAST):
                 new = new.to(dtype)
         if is_buffer:
@@ -389,3 +411,7 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
             if source is not None and not source.is_meta and source.data_ptr() in tied_params_map:
                 tied_params_map[source.data_ptr()].setdefault(device, table[leaf])
                 break
+    if clear_cache and target.type not in ("cpu", "meta"):
+        from ..utils.memory import clear_device_cache  # not at the top: hasten.utils imports this package
+
+        clear_device_cache()

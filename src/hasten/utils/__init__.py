@@ -193,7 +193,10 @@ _LAZY.update({name: ".modeling" for name in (
     "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",
     "compute_module_total_buffer_size", "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters",
     "get_balanced_memory", "get_max_layer_size", "get_max_memory", "infer_auto_device_map", "load_offloaded_weights",
-    "named_module_tensors", "retie_parameters", "set_module_tensor_to_device")})
+    "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
+    "align_module_device", "calculate_maximum_sizes", "check_tied_parameters_in_config", "get_grad_scaler",
+    "get_mixed_precision_context_manager", "has_offloaded_params", "id_tensor_storage", "is_peft_model",
+    "load_state_dict")})
 _LAZY.update({name: ".offload" for name in (
     "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
     "offload_state_dict", "offload_weight", "save_offload_index")})
