@@ -135,12 +135,15 @@ def notebook_launcher(
         use_port: port of the rendezvous on `master_addr` (must be free on
             node 0 with the static rendezvous).
         master_addr: address of node 0.
-        node_rank, num_nodes: this machine's rank and the number of machines,
-            for a run across machines (each runs `num_processes` processes).
+        node_rank: this machine's rank, for a run across machines.
+        num_nodes: the number of machines (each runs `num_processes` processes).
         max_restarts: times the whole group is restarted after a failure.
         monitor_interval: seconds between the agent's checks of the workers.
-        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: torchelastic
-            rendezvous settings ("static" needs none of them).
+        rdzv_backend: torchelastic rendezvous backend ("static" needs none
+            of the three settings below).
+        rdzv_endpoint: torchelastic rendezvous endpoint.
+        rdzv_conf: torchelastic rendezvous configuration.
+        rdzv_id: torchelastic rendezvous id.
         log_line_prefix_template: e.g. ``"[${rank}]: "`` to prefix each
             worker's output lines (torchelastic's template).
 

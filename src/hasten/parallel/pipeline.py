@@ -242,8 +242,9 @@ def prepare_pippy(model: torch.nn.Module, split_points: str | Sequence[str] = "a
         split_points: module names each stage after the first *starts* with, or ``"auto"`` (balanced
             parameter counts, see :func:`auto_split_points`).
         no_split_module_classes: class names ``"auto"`` must keep inside one stage.
-        example_args / example_kwargs: a batch shaped like the real ones (only shapes matter); its size
+        example_args: a batch shaped like the real ones (only shapes matter); its size
             must be a multiple of `num_chunks`.
+        example_kwargs: keyword inputs of that batch, if the model takes any.
         num_chunks: micro-batches per batch (default: the number of processes).
         gather_output: send the output to every process; otherwise only the last process gets it and
             the others get ``None``.
@@ -394,7 +395,8 @@ def prepare_pipeline_training(model: torch.nn.Module, split_points: str | Sequen
         model: the full model, built with the same weights in every process (put it in train mode first:
             the trace keeps the mode it was made in).
         split_points: module names each stage after the first starts with, or ``"auto"``.
-        example_args / example_kwargs: a batch shaped like the training batches (a multiple of `num_chunks`).
+        example_args: a batch shaped like the training batches (a multiple of `num_chunks`).
+        example_kwargs: keyword inputs of that batch, if the model takes any.
         loss_fn: ``loss_fn(output, target) -> scalar`` for one micro-batch, mean-reduced.
         num_chunks: micro-batches per batch (default: the number of processes; 1F1B needs at least that many).
         schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (interleaved: less activation
