@@ -83,3 +83,13 @@ def test_backend_choice():
     assert backend_for_device("cuda") == "nccl"
     assert backend_for_device("cpu") == "gloo"
     assert backend_for_device("mps") == "gloo"
+
+
+def test_srun_with_pmi2_takes_the_local_rank_from_slurm():
+    from hasten.topology import ProcessTopology
+
+    env = {"PMI_RANK": "5", "PMI_SIZE": "8", "SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+           "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "node[01-02]"}
+    topology = ProcessTopology.from_env(env)
+    assert (topology.rank, topology.local_rank, topology.node_rank, topology.local_world_size) == (5, 1, 1, 4)
+    assert topology.launcher == "slurm"

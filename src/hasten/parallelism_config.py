@@ -38,7 +38,8 @@ class ParallelismConfig:
         dp_shard_size: processes a model is sharded over (FSDP2); 1 disables sharding.
         tp_size: tensor-parallel degree (``torch.distributed.tensor.parallel``); 1 disables it.
         cp_size: context-parallel degree; only 1 is accepted (context parallel needs SDPA on CUDA).
-        tp_handler: extra tensor-parallel options, kept for Accelerate compatibility (not read by hasten).
+        tp_handler: the tensor-parallel plan (a dict of module-name pattern -> "colwise" / "rowwise", or an
+            object with a `tp_plan`); None uses the model's own `tp_plan`.
         cp_handler: extra context-parallel options, kept for Accelerate compatibility (not read by hasten).
 
     ``dp_replicate_size > 1`` with ``dp_shard_size == 1`` is plain DDP; with

@@ -121,6 +121,9 @@ _MPI_FLAVOURS = (
 def _from_mpi(env: Mapping[str, str]) -> ProcessTopology | None:
     for rank_var, size_var, local_rank_var, local_size_var in _MPI_FLAVOURS:
         if rank_var in env and size_var in env:
+            if local_rank_var not in env and "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
+                # `srun --mpi=pmi2` sets PMI_RANK/PMI_SIZE but no local rank: SLURM's own variables have it
+                return None
             world = _int(env, size_var)
             local_world = _int(env, local_size_var, default=world)
             rank = _int(env, rank_var)
