@@ -470,7 +470,7 @@ PREVIOUS = LaunchConfig(
     deepspeed_config={"deepspeed_config_file": "ds.json", "zero_stage": 1, "offload_optimizer_device": "nvme",
                       "offload_param_device": "cpu"},
     fsdp_config={"fsdp_sharding_strategy": "NO_SHARD", "fsdp_auto_wrap_policy": "NO_WRAP",
-                 "fsdp_state_dict_type": "LOCAL_STATE_DICT"},
+                 "fsdp_state_dict_type": "FULL_STATE_DICT"},
 )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin
 
+from .fsdp_plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
 from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
 
 __all__ = [
@@ -87,15 +88,15 @@ class FSDPConfig:
 
     fsdp_version: int = option(2, "FSDP version (2 = fully_shard)", choices=(1, 2))
     fsdp_sharding_strategy: str = option("FULL_SHARD", "what FSDP shards",
-                                         choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"),
+                                         choices=SHARDING_STRATEGIES,
                                          question="FSDP sharding strategy")
     fsdp_auto_wrap_policy: str = option("TRANSFORMER_BASED_WRAP", "which submodules become FSDP units",
-                                        choices=("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
+                                        choices=AUTO_WRAP_POLICIES,
                                         question="FSDP auto-wrap policy")
     fsdp_transformer_layer_cls_to_wrap: str | None = option(None, "layer class names to wrap (comma separated)")
     fsdp_min_num_params: int = option(100_000_000, "minimum parameters per unit for SIZE_BASED_WRAP")
     fsdp_state_dict_type: str = option("SHARDED_STATE_DICT", "how checkpoints are saved",
-                                       choices=("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"),
+                                       choices=STATE_DICT_TYPES,
                                        question="FSDP state dict type")
     fsdp_offload_params: bool = option(False, "offload parameters to CPU")
     fsdp_backward_prefetch: str = option("BACKWARD_PRE", "backward prefetch",
