@@ -49,6 +49,9 @@ __all__ = ["Accelerator"]
 _UNSUPPORTED = {
     "megatron_lm_plugin": "Megatron-LM, which needs NVIDIA GPUs and the megatron-core package",
     "torch_tp_plugin": "the older tensor-parallel plugin (pass parallelism_config=ParallelismConfig(tp_size=...))",
+    "rng_types": ("re-synchronising global RNGs at every epoch (hasten's shuffles are already identical on every "
+                  "process; call hasten.utils.synchronize_rng_states(rng_types) yourself for equal dropout)"),
+    "deepspeed_plugins": "several DeepSpeed plugins in one Accelerator (pass one as deepspeed_plugin=)",
 }
 
 
