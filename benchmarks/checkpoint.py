@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import record
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -140,6 +142,14 @@ def part1(width: int, layers: int, rounds: int, work: Path) -> None:
           f"(load_state also checks every file, key and shape first)")
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB "
           f"(model + optimizer alone: {mb:.0f} MB)", flush=True)
+    for name, seconds in median.items():
+        size = sizes["torch.save" if name.startswith("torch") else "save_state"]
+        record("checkpoint", name, params_m=params / 1e6, rounds=rounds, seconds=seconds, mb=size / 1e6,
+               mb_s=size / 1e6 / seconds)
+    record("checkpoint", "ratios", params_m=params / 1e6, save_vs_disk=median["save_state"] / median["disk"],
+           save_vs_torch_save=median["save_state"] / median["torch.save"],
+           load_vs_torch_load=median["load_state"] / median["torch.load"],
+           peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def _first_step_seconds(out: Path, wall_start: float, process: subprocess.Popen, timeout: float = 120) -> float:
@@ -181,6 +191,8 @@ def part2(rounds: int, work: Path) -> None:
           f"(all ranks agree, save, leave; grace period 30 s)")
     print(f"launch -> first step, fresh run                    {statistics.median(fresh_starts):.2f} s")
     print(f"launch -> first resumed step, after preemption     {statistics.median(resumed_starts):.2f} s", flush=True)
+    record("checkpoint", "restart", rounds=rounds, preemption_exit_s=statistics.median(exits),
+           fresh_first_step_s=statistics.median(fresh_starts), resumed_first_step_s=statistics.median(resumed_starts))
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ import statistics
 import time
 
 from _launch import launch_self
-
+from _results import record
 
 
 def build(seed: int):
@@ -115,6 +115,10 @@ def compare(stage: int, accumulation: int, rounds: int, steps: int) -> float:
         print(f"ZeRO-{stage} acc={accumulation}  raw {statistics.median(raw_rates):6.1f} steps/s  "
               f"hasten {statistics.median(hasten_rates):6.1f} steps/s  wall ratio {wall:.3f}  CPU ratio {cpu:.3f}  "
               f"{'ok' if max(wall, cpu) >= 0.99 else 'BELOW 0.99'}", flush=True)
+        record("steps", f"ZeRO-{stage} mlp acc={accumulation} fp32", framework="hasten", engine=f"ZeRO-{stage}",
+               model="mlp", accumulation=accumulation, precision="fp32", rounds=rounds, steps_per_round=steps,
+               raw_steps_s=statistics.median(raw_rates), steps_s=statistics.median(hasten_rates), wall_ratio=wall,
+               cpu_ratio=cpu, verdict_on="max(wall_ratio, cpu_ratio)", ok=max(wall, cpu) >= 0.99)
     return wall
 
 
@@ -137,6 +141,8 @@ def worker(args: argparse.Namespace) -> None:
     dist.all_gather_object(peaks, peak)
     if state.is_main_process:
         print("peak RSS per rank (both loops): " + ", ".join(f"rank {r} {p:.0f} MiB" for r, p in enumerate(peaks)), flush=True)
+        record("memory", "deepspeed_steps.py, per rank (raw + hasten engines, ZeRO-2 and 3)", peak_mib=max(peaks),
+               per_rank_mib=peaks)
     state.destroy_process_group()
 
 

@@ -14,6 +14,15 @@ accumulation steps, `torch.autocast` around the forward.
 Targets: steps/s ratio >= 0.99; fp32 parameters equal to the raw loop's
 (max |diff| <= 1e-6); gather of 1M floats <= 1.1x raw all-gather;
 `from hasten import Accelerator` <= 1.05x `import torch`.
+
+Peers, when installed in the same environment (never needed by hasten): a
+loop written for Hugging Face Accelerate (`accelerate.Accelerator`, its
+prepare/accumulate/backward) and one written for Lightning Fabric
+(`fabric.setup`, `setup_dataloaders`, `no_backward_sync`, `fabric.backward`)
+train the same model on the same data with the same accumulation and
+precision, in the same processes and the same alternating rounds, so their
+ratios to the raw loop are measured exactly like hasten's. Their import time
+and gather are measured alongside too.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import contextlib
 import functools
 import gc
+import importlib.util
 import resource
 import statistics
 import subprocess
@@ -29,7 +39,7 @@ import sys
 import time
 
 from _launch import launch_self
-
+from _results import record
 
 
 # ---------------------------------------------------------------------------- models and data
@@ -121,6 +131,110 @@ def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
     return time.perf_counter() - start, cpu, accelerator.unwrap_model(ddp)
 
 
+def accelerate_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
+    """The same loop written for Hugging Face Accelerate; returns (wall seconds, main-thread CPU seconds, model).
+
+    It adopts the process group the raw loop created (Accelerate inits one only when none exists).
+    `cpu=True` because Accelerate only turns multi-process on for CPUs when asked to (without it, on
+    a machine with no GPU, every rank would train alone). Like hasten's loop, each call builds a fresh
+    Accelerator; Accelerate keeps its state in singletons, so it is reset first (what its own tests do),
+    keeping the process-level state (the group) and dropping the per-Accelerator one (precision, accumulation).
+    """
+    import torch
+    import torch.distributed as dist
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from torch.utils.data import DataLoader
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, mixed_precision=precision, gradient_accumulation_steps=accumulation)
+    model, dataset, batch = build(kind, seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(dataset, batch_size=batch)
+    ddp, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    dist.barrier()
+    start, cpu_start = time.perf_counter(), time.thread_time()
+    for step, (x, y) in enumerate(loader):
+        if step == steps:
+            break
+        with accelerator.accumulate(ddp):
+            out = ddp(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    cpu = time.thread_time() - cpu_start
+    dist.barrier()
+    return time.perf_counter() - start, cpu, accelerator.unwrap_model(ddp)
+
+
+def make_fabric(precision: str):
+    """A Lightning Fabric on the CPUs of this launch; it adopts the existing process group."""
+    import logging
+
+    import torch.distributed as dist
+
+    try:
+        from lightning.fabric import Fabric
+    except ImportError:
+        from lightning_fabric import Fabric
+    for name in ("lightning", "lightning.fabric", "lightning.pytorch", "lightning_fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # "Using bfloat16 Automatic Mixed Precision" per loop
+    fabric = Fabric(accelerator="cpu", devices=dist.get_world_size(), num_nodes=1, strategy="ddp",
+                    precision="bf16-mixed" if precision == "bf16" else "32-true")
+    fabric.launch()  # started by a launcher already: sets up the strategy, starts nothing
+    return fabric
+
+
+def fabric_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
+    """The same loop written for Lightning Fabric (its documented accumulation: `no_backward_sync`, step every N)."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    fabric = make_fabric(precision)
+    model, dataset, batch = build(kind, seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=batch))  # adds the DistributedSampler
+    dist.barrier()
+    start, cpu_start = time.perf_counter(), time.thread_time()
+    for step, (x, y) in enumerate(loader):
+        if step == steps:
+            break
+        sync = (step + 1) % accumulation == 0
+        with fabric.no_backward_sync(model, enabled=not sync):
+            out = model(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y) / accumulation
+            fabric.backward(loss)
+        if sync:
+            optimizer.step()
+            optimizer.zero_grad()
+    cpu = time.thread_time() - cpu_start
+    dist.barrier()
+    return time.perf_counter() - start, cpu, model.module
+
+
+def peer_loops() -> dict:
+    """The peers installed in this environment: name -> loop (empty when none is; hasten never needs them)."""
+    loops = {}
+    if importlib.util.find_spec("accelerate") is not None:
+        loops["accelerate"] = accelerate_loop
+    if importlib.util.find_spec("lightning") is not None or importlib.util.find_spec("lightning_fabric") is not None:
+        loops["fabric"] = fabric_loop
+    return loops
+
+
+def rotations(names: list[str], index: int) -> list[str]:
+    """Round `index`'s order: rotated by one each round (for two loops: AB, BA, AB, ...)."""
+    shift = index % len(names)
+    return names[shift:] + names[:shift]
+
+
+PRECISION_NAMES = {"no": "fp32", "bf16": "bf16"}
+
+
 # ---------------------------------------------------------------------------- measurements (inside the 2 processes)
 def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, steps: int, preemption: bool = False) -> float:
     """Median over paired rounds of hasten/raw speed, by wall clock and by main-thread CPU time.
@@ -131,32 +245,50 @@ def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, ste
     """
     import torch.distributed as dist
 
-    wall_ratios, cpu_ratios, raw_rates, hasten_rates = [], [], [], []
     hasten = functools.partial(hasten_loop, preemption=preemption)
-    raw_loop(kind, 8, accumulation, precision)  # warm-up both paths
-    hasten(kind, 8, accumulation, precision)
+    # the peers run in the same rounds (not next to hasten's preemption variant: they have no equivalent)
+    loops = {"raw": raw_loop, "hasten": hasten, **({} if preemption else peer_loops())}
+    wall_ratios = {name: [] for name in loops if name != "raw"}
+    cpu_ratios = {name: [] for name in wall_ratios}
+    rates = {name: [] for name in loops}
+    for loop in loops.values():  # warm-up every path
+        loop(kind, 8, accumulation, precision)
     for round_index in range(rounds):
-        # Alternate which loop goes first (ABBA...): the second loop of a round
-        # pays for freeing the first one's objects, which would bias a fixed order.
+        # Rotate which loop goes first (for two loops ABBA...): the next loop of a round
+        # pays for freeing the previous one's objects, which would bias a fixed order.
         timings = {}
-        order = (raw_loop, hasten) if round_index % 2 == 0 else (hasten, raw_loop)
-        for loop in order:
+        for name in rotations(list(loops), round_index):
             gc.collect()
-            timings[loop] = loop(kind, steps, accumulation, precision)[:2]
-        (raw_wall, raw_cpu), (hasten_wall, hasten_cpu) = timings[raw_loop], timings[hasten]
-        raw_rates.append(steps / raw_wall)
-        hasten_rates.append(steps / hasten_wall)
-        wall_ratios.append(raw_wall / hasten_wall)
-        cpu_ratios.append(raw_cpu / hasten_cpu)
-    wall, cpu = statistics.median(wall_ratios), statistics.median(cpu_ratios)
-    low, _, high = statistics.quantiles(wall_ratios, n=4)
+            timings[name] = loops[name](kind, steps, accumulation, precision)[:2]
+        raw_wall, raw_cpu = timings["raw"]
+        for name, (wall_seconds, cpu_seconds) in timings.items():
+            rates[name].append(steps / wall_seconds)
+            if name != "raw":
+                wall_ratios[name].append(raw_wall / wall_seconds)
+                cpu_ratios[name].append(raw_cpu / cpu_seconds)
+    wall, cpu = statistics.median(wall_ratios["hasten"]), statistics.median(cpu_ratios["hasten"])
+    low, _, high = statistics.quantiles(wall_ratios["hasten"], n=4)
+    label = kind + (" +preempt" if preemption else "")
     if dist.get_rank() == 0:
         print(
-            f"{kind + (' +preempt' if preemption else ''):<20} acc={accumulation} {precision:<4}  raw {statistics.median(raw_rates):6.1f} steps/s  "
-            f"hasten {statistics.median(hasten_rates):6.1f} steps/s  wall ratio {wall:.3f} "
+            f"{label:<20} acc={accumulation} {precision:<4}  raw {statistics.median(rates['raw']):6.1f} steps/s  "
+            f"hasten {statistics.median(rates['hasten']):6.1f} steps/s  wall ratio {wall:.3f} "
             f"(quartiles {low:.2f}-{high:.2f})  CPU ratio {cpu:.3f}  {'ok' if cpu >= 0.99 else 'BELOW 0.99'}",
             flush=True,
         )
+        for name, ratios in wall_ratios.items():
+            peer_wall, peer_cpu = statistics.median(ratios), statistics.median(cpu_ratios[name])
+            peer_low, _, peer_high = statistics.quantiles(ratios, n=4)
+            if name != "hasten":
+                print(f"{'  same, ' + name:<20} acc={accumulation} {precision:<4}  raw {statistics.median(rates['raw']):6.1f} "
+                      f"steps/s  {name} {statistics.median(rates[name]):6.1f} steps/s  wall ratio {peer_wall:.3f} "
+                      f"(quartiles {peer_low:.2f}-{peer_high:.2f})  CPU ratio {peer_cpu:.3f}  (peer)", flush=True)
+            record("steps", f"DDP {label} acc={accumulation} {PRECISION_NAMES[precision]}", framework=name, engine="DDP",
+                   model=kind, accumulation=accumulation, precision=PRECISION_NAMES[precision], preemption=preemption,
+                   rounds=rounds, steps_per_round=steps, raw_steps_s=statistics.median(rates["raw"]),
+                   steps_s=statistics.median(rates[name]), wall_ratio=peer_wall, wall_q1=peer_low, wall_q3=peer_high,
+                   cpu_ratio=peer_cpu, verdict_on="cpu_ratio",
+                   ok=(peer_cpu >= 0.99) if name == "hasten" else None)
     return cpu
 
 
@@ -173,6 +305,16 @@ def compare_parameters(kind: str, accumulation: int) -> float:
         verdict = "ok" if diff <= 1e-6 else "ABOVE 1e-6"
         print(f"{kind:<12} acc={accumulation} fp32  max |param raw - param hasten| = {diff:.2e} "
               f"(training moved them by up to {moved:.2e})  {verdict}", flush=True)
+        record("parameters", f"{kind} acc={accumulation} fp32", framework="hasten", max_diff=diff, moved=moved,
+               ok=diff <= 1e-6)
+    # the peers' loops must be the same training too (else their speed would not be comparable)
+    for name, loop in peer_loops().items():
+        peer_model = loop(kind, steps, accumulation, "no", seed=1)[-1]
+        peer_diff = max((a - b).abs().max().item() for a, b in zip(raw_model.parameters(), peer_model.parameters()))
+        if dist.get_rank() == 0:
+            print(f"{kind:<12} acc={accumulation} fp32  max |param raw - param {name}| = {peer_diff:.2e}  (peer)", flush=True)
+            record("parameters", f"{kind} acc={accumulation} fp32", framework=name, max_diff=peer_diff, moved=moved,
+                   ok=None)
     assert moved > 1e-4, "the parameter check must train for real"
     return diff
 
@@ -185,26 +327,48 @@ def compare_gather(rounds: int) -> float:
 
     tensor = torch.randn(1_000_000)
     raw_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    raw_times, hasten_times = [], []
-    out = mine = None
+    gathers = {"raw": None, "hasten": gather}
+    peers = peer_loops()
+    if "accelerate" in peers:  # the state of the loops above (multi-CPU) is still set up
+        from accelerate.utils import gather as accelerate_gather
+
+        gathers["accelerate"] = accelerate_gather
+    if "fabric" in peers:
+        gathers["fabric"] = make_fabric("no").all_gather  # returns (world, n): compared after a reshape
+    times = {name: [] for name in gathers}
+    results = {}
     for round_index in range(rounds):
-        # Alternate which goes first: the second collective of a pair starts with the ranks less aligned.
-        for which in (("raw", "hasten") if round_index % 2 == 0 else ("hasten", "raw")):
+        # Rotate which goes first: the second collective of a pair starts with the ranks less aligned.
+        for which in rotations(list(gathers), round_index):
             dist.barrier()
             start = time.perf_counter()
             if which == "raw":
                 out = torch.empty(dist.get_world_size() * tensor.numel())
                 raw_gather(out, tensor)
-                raw_times.append(time.perf_counter() - start)
             else:
-                mine = gather(tensor)
-                hasten_times.append(time.perf_counter() - start)
+                out = gathers[which](tensor)
+            times[which].append(time.perf_counter() - start)
+            results[which] = out
+    raw_times, hasten_times = times["raw"], times["hasten"]
+    out, mine = results["raw"], results["hasten"]
     assert torch.equal(out, mine)
     ratio = statistics.median(hasten_times) / statistics.median(raw_times)
     if dist.get_rank() == 0:
         print(f"gather 1M floats   raw {statistics.median(raw_times) * 1e3:7.2f} ms   hasten "
               f"{statistics.median(hasten_times) * 1e3:7.2f} ms   ratio {ratio:.3f}  "
               f"{'ok' if ratio <= 1.1 else 'ABOVE 1.1'}", flush=True)
+    for name in gathers:
+        if name == "raw":
+            continue
+        assert torch.equal(out, results[name].reshape(-1)), name
+        peer_ratio = statistics.median(times[name]) / statistics.median(raw_times)
+        if dist.get_rank() == 0:
+            if name != "hasten":
+                print(f"gather 1M floats   raw {statistics.median(raw_times) * 1e3:7.2f} ms   {name} "
+                      f"{statistics.median(times[name]) * 1e3:7.2f} ms   ratio {peer_ratio:.3f}  (peer)", flush=True)
+            record("gather", "all-gather of 1M floats", framework=name, rounds=rounds,
+                   raw_ms=statistics.median(raw_times) * 1e3, ms=statistics.median(times[name]) * 1e3, ratio=peer_ratio,
+                   ok=(peer_ratio <= 1.1) if name == "hasten" else None)
     # The fixed cost per explicit collective (mismatch check + watchdog mark), on the smallest input.
     from hasten.utils import reduce
 
@@ -225,6 +389,8 @@ def compare_gather(rounds: int) -> float:
         raw_us, hasten_us = statistics.median(raw_small) * 1e6, statistics.median(hasten_small) * 1e6
         print(f"reduce of 1 float  raw {raw_us:7.1f} us   hasten {hasten_us:7.1f} us   added per explicit collective "
               f"{hasten_us - raw_us:.1f} us (the shape check is one more tiny all-reduce)", flush=True)
+        record("gather", "reduce of 1 float", framework="hasten", rounds=rounds, raw_us=raw_us, us=hasten_us,
+               added_us=hasten_us - raw_us)
     return ratio
 
 
@@ -257,6 +423,7 @@ def worker(args: argparse.Namespace) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if dist.get_rank() == 0:
         print(f"peak RSS of rank 0 (both loops): {peak:.0f} MiB", flush=True)
+        record("memory", "overhead.py, rank 0 (all loops, DDP)", peak_mib=peak, loops=["raw", "hasten", *peer_loops()])
     dist.barrier()
     dist.destroy_process_group()
 
@@ -274,6 +441,11 @@ def compare_imports(repeats: int) -> None:
         "import hasten": "import hasten",
         "from hasten import Accelerator": "from hasten import Accelerator",
     }
+    if importlib.util.find_spec("accelerate") is not None:  # peers, when installed here
+        statements["import accelerate"] = "import accelerate"
+        statements["from accelerate import Accelerator"] = "from accelerate import Accelerator"
+    if importlib.util.find_spec("lightning") is not None:
+        statements["from lightning.fabric import Fabric"] = "from lightning.fabric import Fabric"
     import_seconds("import torch")  # warm the page cache
     times = {name: [] for name in statements}
     for _ in range(repeats):
@@ -283,8 +455,14 @@ def compare_imports(repeats: int) -> None:
     print(f"-- import time, fresh interpreter, median of {repeats}")
     for name, samples in times.items():
         ratio = statistics.median(samples) / base
-        verdict = "" if name == "import torch" else ("ok" if ratio <= 1.05 else "ABOVE 1.05")
+        framework = next(f for f in ("torch", "hasten", "accelerate", "fabric") if f in name.replace("lightning", "fabric"))
+        if framework in ("hasten", "torch"):
+            verdict = "" if name == "import torch" else ("ok" if ratio <= 1.05 else "ABOVE 1.05")
+        else:
+            verdict = "(peer)"
         print(f"{name:<32} {statistics.median(samples) * 1e3:7.0f} ms   ratio to import torch {ratio:.3f}  {verdict}")
+        record("import", name, framework=framework, repeats=repeats, ms=statistics.median(samples) * 1e3,
+               ratio=ratio, ok=(ratio <= 1.05) if framework == "hasten" else None)
 
 
 def main() -> int:

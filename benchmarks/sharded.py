@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from _launch import launch_self
-
+from _results import record
 
 
 def build(size: str, seed: int = 0):
@@ -189,6 +189,11 @@ def speed_worker(rounds: int, steps: int) -> None:
         print(f"FSDP2 steps/s  hasten {statistics.median(hasten_rates):.2f}   raw fully_shard {statistics.median(raw_rates):.2f}   "
               f"ratio (median of {rounds} alternating rounds) {statistics.median(ratios):.3f}  "
               f"[min {min(ratios):.3f}, max {max(ratios):.3f}]", flush=True)
+        record("steps", "FSDP2 transformer acc=1 fp32", framework="hasten", engine="FSDP2", model="transformer",
+               accumulation=1, precision="fp32", rounds=rounds, steps_per_round=steps,
+               raw_steps_s=statistics.median(raw_rates), steps_s=statistics.median(hasten_rates),
+               wall_ratio=statistics.median(ratios), wall_min=min(ratios), wall_max=max(ratios), cpu_ratio=None,
+               verdict_on="wall_ratio", ok=statistics.median(ratios) >= 0.99)
     accelerator.end_training()
 
 
@@ -231,6 +236,10 @@ def main() -> int:
             ratio = {key: value[key] / base[key] if base[key] else float("nan") for key in base}
             print(f"{mode:8} {value['training_peak'] / 2**30:25.2f} {ratio['training_peak']:6.2f} {value['peak'] / 2**30:26.2f} "
                   f"{ratio['peak']:6.2f} {value['held'] / 2**30:34.2f} {ratio['held']:6.2f}")
+            record("memory", f"{mode}, {params / 1e6:.0f}M transformer + AdamW, 2 ranks", mode=mode, framework="hasten",
+                   params_m=params / 1e6, training_peak_gib=value["training_peak"] / 2**30,
+                   training_peak_ratio=ratio["training_peak"], peak_gib=value["peak"] / 2**30, peak_ratio=ratio["peak"],
+                   held_gib=value["held"] / 2**30, held_ratio=ratio["held"])
         print("(peak RSS, training: the kernel's high-water mark reset after prepare; whole run: including building the "
               "full model on every rank)")
     rounds, steps = (6, 5) if args.quick else (12, 8)
