@@ -29,7 +29,8 @@ from typing import Any, Iterable
 
 __all__ = ["TensorInfo", "MemoryEstimate", "model_tensors", "estimate_memory", "format_estimate", "DTYPE_BYTES"]
 
-# Bytes per element of each dtype the table can be asked for (int4 packs two weights in a byte).
+# Bytes per element of each dtype the table can be asked for (int4 packs two weights in a byte). Not
+# sizes.dtype_byte_size / utils.convert_bytes: those modules import torch, and the header path must not.
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "float32": "float32", "float16": "float16",
                  "bfloat16": "bfloat16", "int8": "int8", "int4": "int4"}
