@@ -3,13 +3,7 @@ broadcast_from_rank0 / full_state_dict, and the small facts of `accelerate.utils
 
 from __future__ import annotations
 
-import json
-import os
 import pickle
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -247,9 +241,9 @@ from test_big_model_helpers import _source_model
 from hasten.big_modeling.dispatch import init_empty_weights
 from hasten.big_modeling.loading import load_checkpoint_in_model
 
-rank, folder = int(sys.argv[1]), {folder!r}
+rank, folder = int(os.environ["RANK"]), {folder!r}
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+dist.init_process_group("gloo")
 source = _source_model()
 checkpoint = os.path.join(folder, "ckpt" if rank == 0 else "not-on-this-rank")
 result = {{}}
@@ -279,31 +273,21 @@ try:  # rank 0 cannot read: every rank learns it, none waits forever
     load_checkpoint_in_model(sharded, os.path.join(folder, "missing"), broadcast_from_rank0=True)
 except (FileNotFoundError, RuntimeError) as error:
     result["error"] = type(error).__name__ + ": " + str(error)
-print("RESULT", json.dumps(result), flush=True)
-dist.destroy_process_group()
+with open(os.path.join(sys.argv[1], f"rank{{rank}}.json"), "w") as report:
+    json.dump(result, report)
 """
 
 
 def test_broadcast_from_rank0_on_gloo_reads_on_rank0_only_and_fills_dtensor_shards(tmp_path):
+    from conftest import launch_ranks
+
     write_model_files(_source_model().state_dict(), tmp_path / "ckpt")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     script = tmp_path / "broadcast.py"
-    script.write_text(_BROADCAST.format(tests=str(Path(__file__).parent), folder=str(tmp_path), port=port))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, start_new_session=True) for rank in range(2)]
-    reports = {}
-    try:
-        for rank, process in enumerate(ranks):
-            stdout, stderr = process.communicate(timeout=120)
-            assert process.returncode == 0, f"rank {rank}:\n{stdout}\n{stderr}"
-            reports[rank] = json.loads(next(l for l in stdout.splitlines() if l.startswith("RESULT"))[len("RESULT "):])
-    finally:
-        for process in ranks:  # a failed rank must not leave the other waiting in a collective
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+    script.write_text(_BROADCAST.format(tests=str(Path(__file__).parent), folder=str(tmp_path)))
+    out = tmp_path / "reports"
+    out.mkdir()
+    # through hasten launch: its worker ends each rank cleanly (a bare gloo process may abort at teardown)
+    reports = launch_ranks(script, out)
     for rank, report in reports.items():
         assert report["mapped"], rank
         assert report["offloaded"] == [["1.bias", "1.weight"], "bfloat16"], rank
