@@ -2,14 +2,20 @@
 
 import pytest
 
-from conftest import launch_ranks
+from conftest import SCRIPTS, launch, results_by_rank
 
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    return launch_ranks("mp_collective_inputs.py", tmp_path_factory.mktemp("inputs"))
+@pytest.fixture(scope="module", params=["board", "all-reduce"])
+def ranks(request, tmp_path_factory):
+    """Both ways of comparing signatures: shared memory (one machine) and the all-reduce (several machines)."""
+    out = tmp_path_factory.mktemp("inputs")
+    launch("mp_collective_inputs.py", str(out), request.param)
+    results = results_by_rank(out)
+    assert sorted(results) == [0, 1]
+    assert results[0]["path"] == results[1]["path"] == request.param
+    return results
 
 
 def test_gather_of_awkward_tensors_is_the_same_on_every_rank(ranks):
@@ -31,15 +37,22 @@ def test_every_reduction(ranks):
         assert ranks[rank]["pad"] == 2
 
 
+def script_line(marker: str) -> int:
+    """The line of the test script that holds `marker` (the call site the errors must name)."""
+    lines = (SCRIPTS / "mp_collective_inputs.py").read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if marker in line)
+
+
 def test_mismatches_raise_one_sentence_on_every_rank_without_debug_mode(ranks):
     assert ranks[0]["errors"] == ranks[1]["errors"]
     errors = ranks[0]["errors"]
+    same, ops = script_line('"same_count":'), script_line('"different_ops":')
     assert errors["same_count"] == (
-        "ValueError: gather needs the same shape and dtype on every process, got rank 0: (4,) float32 at "
-        "mp_collective_inputs.py:35, rank 1: (2, 2) float32 at mp_collective_inputs.py:35; use pad_across_processes "
-        "first or gather_object for ragged data.")
+        f"ValueError: gather needs the same shape and dtype on every process, got rank 0: (4,) float32 at "
+        f"mp_collective_inputs.py:{same}, rank 1: (2, 2) float32 at mp_collective_inputs.py:{same}; use "
+        "pad_across_processes first or gather_object for ragged data.")
     assert "rank 0: (4,) float32" in errors["different_count"] and "rank 1: (5,) float32" in errors["different_count"]
     assert "rank 0: (3,) float32" in errors["dtype"] and "rank 1: (3,) float64" in errors["dtype"]
     assert errors["different_ops"].startswith("RuntimeError: the processes called different collectives: "
-                                              "rank 0 in gather at mp_collective_inputs.py:38, rank 1 in reduce")
+                                              f"rank 0 in gather at mp_collective_inputs.py:{ops}, rank 1 in reduce")
     assert ranks[0]["after"] == [0, 1]  # the process group still works after the errors

@@ -5,9 +5,10 @@ the matching torch.distributed call; on a single process they return their
 input unchanged.
 
 Mismatches are errors, always: before gather / reduce / broadcast /
-pad_across_processes, every process all-reduces (MAX) one 2-element
-signature of (operation, each tensor's shape and dtype). Equal signatures
-cost that one tiny collective; different ones (a gather of (4,) against
+pad_across_processes, the processes compare one signature of (operation,
+each tensor's shape and dtype): through shared memory when all run on this
+machine under a hasten launcher (`host_board`, microseconds), else by one
+tiny all-reduce (MAX) of a 2-element tensor. Different signatures (a gather of (4,) against
 (2, 2), a gather on one rank and a reduce on another) raise on every rank
 one sentence naming the operation, each rank's shapes and call site,
 instead of a wrong result, a SIGABRT or a hang.
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import watchdog
+from . import host_board, watchdog
 
 __all__ = [
     "recursively_apply",
@@ -149,19 +150,25 @@ def _describe(tensors: list[torch.Tensor], ignore_dim: int | None) -> tuple[Any,
 def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = None) -> None:
     """Raise on every process if the processes are not all in `operation` with the same shapes and dtypes.
 
-    One all-reduce of two int64 numbers when all agree; the details are
-    gathered only to write the error.
+    When all agree this is a shared-memory board (one machine) or one
+    all-reduce of two int64 numbers; the details are gathered only to write
+    the error.
     """
     tensors = _leaves(data)
     described = _describe(tensors, ignore_dim)
     signature = zlib.crc32(repr((operation, described)).encode())
-    device = tensors[0].device if tensors else torch.device("cpu")
-    if dist.get_backend() == "nccl" and device.type != "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    both = torch.tensor([signature, -signature], dtype=torch.int64, device=device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    if int(both[0]) == -int(both[1]):
-        return
+    board = host_board.board()
+    if board is not None:  # every process on this machine: shared memory, no collective, no device sync
+        if board.agree(signature) is None:
+            return
+    else:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        if dist.get_backend() == "nccl" and device.type != "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        both = torch.tensor([signature, -signature], dtype=torch.int64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        if int(both[0]) == -int(both[1]):
+            return
     reports: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(reports, (operation, described, watchdog.call_site(sys._getframe(1))))
     operations = {report[0] for report in reports}

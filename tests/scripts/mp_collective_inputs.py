@@ -1,18 +1,26 @@
-"""Collectives with awkward inputs, and mismatches without debug mode. Writes OUT_DIR/rank{N}.json."""
+"""Collectives with awkward inputs, and mismatches without debug mode. Writes OUT_DIR/rank{N}.json.
+
+Usage: mp_collective_inputs.py OUT_DIR [board|all-reduce] -- how the processes compare
+signatures: the shared-memory board `hasten launch` provides on one machine, or the
+tiny all-reduce used elsewhere (forced here by hiding the board's directory).
+"""
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-from hasten import PartialState
+from hasten import PartialState, host_board
 from hasten.utils import broadcast, gather, pad_across_processes, reduce
 
 out_dir = Path(sys.argv[1])
+if sys.argv[2:] == ["all-reduce"]:
+    os.environ.pop(host_board.BOARD_DIR_ENV)
 state = PartialState(cpu=True)
 rank = state.process_index
-result = {}
+result = {"path": "board" if host_board.board() is not None else "all-reduce"}
 
 # tensors that require grad, non-contiguous, 0-d, empty, and mixed dtypes in one structure
 weight = torch.full((2, 3), float(rank + 1), requires_grad=True)

@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from .. import host_board
 from ..launch_spec import LaunchSpec
 from .plan import LaunchError, available_cpus, find_free_port, port_in_use
 
@@ -344,6 +345,8 @@ def _launch(
     with contextlib.ExitStack() as stack:
         log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="hasten_notebook_"))
         stack.enter_context(_patched_environ(env))
+        if num_nodes == 1:
+            stack.enter_context(host_board.shared_directory())
         stack.enter_context(_restored_signal_handlers())
         stack.enter_context(_quiet_agent_logs())
         config = LaunchConfig(

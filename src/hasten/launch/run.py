@@ -12,6 +12,7 @@ import sys
 import tempfile
 from typing import Any
 
+from .. import host_board
 from ..checkpointing.preemption import EXIT_PREEMPTED, PROGRESS_ENV, RECORD_ENV, read_preemption_record
 from .failures import all_failures, failure_summary, root_cause
 from .plan import LaunchPlan
@@ -40,7 +41,10 @@ def execute(plan: LaunchPlan) -> int:
             return _preempted_or(worker_main(plan.worker_argv(), exit_when_done=False))
         if plan.mode == "mpirun":
             return _preempted_or(run_forwarding_signals(plan.command()))
-        return _run_torchrun(plan, run_dir)
+        if plan.num_machines > 1:
+            return _run_torchrun(plan, run_dir, board_dir=None)
+        with host_board.shared_directory() as board_dir:
+            return _run_torchrun(plan, run_dir, board_dir)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -54,7 +58,7 @@ def _preempted_or(code: int) -> int:
     return EXIT_PREEMPTED
 
 
-def _run_torchrun(plan: LaunchPlan, run_dir: str) -> int:
+def _run_torchrun(plan: LaunchPlan, run_dir: str, board_dir: str | None) -> int:
     """torchrun, restarted here (one machine) only after an attempt that made progress; see `LaunchPlan.restarts_by_launcher`."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -74,6 +78,8 @@ def _run_torchrun(plan: LaunchPlan, run_dir: str) -> int:
         attempt += 1
         with contextlib.suppress(FileNotFoundError):
             os.unlink(progress)
+        if board_dir is not None:
+            host_board.empty(board_dir)  # the words of a failed attempt must not meet the next one's
         # torchrun keeps per-run error files in a directory it never removes; give it one we do.
         log_dir = tempfile.mkdtemp(prefix="attempt-", dir=run_dir)
         try:

@@ -1,0 +1,110 @@
+"""The shared-memory board through which the processes of one machine agree before a collective.
+
+Processes are simulated by threads here (the words live in one shared file
+either way); tests/test_multiprocess_collective_inputs.py runs the board in
+real processes under `hasten launch`, and the all-reduce path beside it.
+"""
+
+import os
+import threading
+import time
+
+import pytest
+
+from hasten import host_board
+from hasten.host_board import Board
+
+
+def boards(path, world_size, timeout=5.0):
+    return [Board(str(path), rank, world_size, timeout) for rank in range(world_size)]
+
+
+def in_threads(calls):
+    """Run one callable per simulated process at once; returns their results by rank."""
+    results, errors = [None] * len(calls), []
+
+    def run(rank):
+        try:
+            results[rank] = calls[rank]()
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    return results
+
+
+def test_equal_signatures_agree_and_different_ones_are_seen_by_every_process(tmp_path):
+    three = boards(tmp_path / "words", 3)
+    assert in_threads([lambda b=b: b.agree(42) for b in three]) == [None, None, None]
+    seen = in_threads([lambda b=b, s=s: b.agree(s) for b, s in zip(three, (7, 7, 9))])
+    assert seen == [[7, 7, 9]] * 3  # every process gets every signature, so all raise the same error
+
+
+def test_many_checks_with_processes_arriving_late_in_turn(tmp_path):
+    """The two alternating slots: a fast process never overwrites a word a slow one still has to read."""
+    two = boards(tmp_path / "words", 2)
+
+    def run(board, rank):
+        outcomes = []
+        for check in range(300):
+            if check % 7 == rank:
+                time.sleep(0.001)  # this process arrives late at this check
+            signature = check if check != 250 else 1000 + rank  # one real mismatch, at check 250
+            outcomes.append(board.agree(signature))
+        return outcomes
+
+    first, second = in_threads([lambda: run(two[0], 0), lambda: run(two[1], 1)])
+    assert first == second
+    assert [i for i, outcome in enumerate(first) if outcome is not None] == [250]
+    assert first[250] == [1000, 1001]
+
+
+def test_a_process_that_never_comes_times_out_naming_it(tmp_path):
+    alone = Board(str(tmp_path / "words"), rank=0, world_size=2, timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"timed out after 0.3 s waiting for rank\(s\) \[1\]"):
+        alone.agree(5)
+    assert time.monotonic() - start < 5
+
+
+def test_emptying_the_directory_keeps_a_failed_attempts_words_from_passing_for_the_next_ones(tmp_path):
+    old_rank1 = Board(str(tmp_path / "restart-0.words"), rank=1, world_size=2, timeout=0.2)
+    with pytest.raises(RuntimeError):
+        old_rank1.agree(5)  # the failed attempt left rank 1's word for check #1 behind
+    new_rank0 = Board(str(tmp_path / "restart-0.words"), rank=0, world_size=2, timeout=0.2)
+    assert new_rank0.agree(6) == [6, 5]  # read as current: what emptying between attempts prevents
+    host_board.empty(str(tmp_path))
+    fresh_rank0 = Board(str(tmp_path / "restart-0.words"), rank=0, world_size=2, timeout=0.2)
+    with pytest.raises(RuntimeError, match="timed out"):
+        fresh_rank0.agree(6)  # waits for the new rank 1, as it must
+
+
+def test_shared_directory_is_exported_then_removed_and_the_environment_restored(monkeypatch):
+    monkeypatch.delenv(host_board.BOARD_DIR_ENV, raising=False)
+    with host_board.shared_directory() as path:
+        assert os.environ[host_board.BOARD_DIR_ENV] == path and os.path.isdir(path)
+        Board(os.path.join(path, "restart-0.words"), 0, 1, 1.0).agree(1)
+    assert not os.path.exists(path) and host_board.BOARD_DIR_ENV not in os.environ
+
+
+@pytest.mark.parametrize(("env", "used"), [
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, True),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, False),  # two machines: the all-reduce
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", host_board.BOARD_DIR_ENV: ""}, False),  # not launched by hasten
+])
+def test_the_board_is_used_only_when_every_process_is_on_this_machine(tmp_path, monkeypatch, env, used):
+    import torch.distributed as dist
+
+    monkeypatch.setenv(host_board.BOARD_DIR_ENV, str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(host_board, "_board_for", None)
+    monkeypatch.setattr(host_board, "_board", None)
+    assert (host_board.board() is not None) is used
