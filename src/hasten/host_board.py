@@ -26,9 +26,9 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
-__all__ = ["Board", "board", "shared_directory", "empty", "BOARD_DIR_ENV"]
+__all__ = ["BOARD_DIR_ENV", "Board", "board", "empty", "shared_directory"]
 
 BOARD_DIR_ENV = "HASTEN_BOARD_DIR"
 _SPIN = 50  # yields before the first sleep: processes that arrive together agree in microseconds
