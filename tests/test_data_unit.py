@@ -206,3 +206,39 @@ def test_iterable_shard_len_matches_what_it_yields(n, even, drop_last):
     for rank in range(2):
         shard = IterableDatasetShard(SizedStream(n), 4, 2, rank, even_batches=even, drop_last=drop_last)
         assert len(shard) == len(list(shard))
+
+
+class _PlainBatchSampler(BatchSampler):
+    """A BatchSampler subclass: not recognised as seekable, so sharding takes the general batch-by-batch path."""
+
+
+@pytest.mark.parametrize("kind", ["sequential", "keyed", "sized-sequential"])
+def test_sliced_sharding_gives_the_batches_of_the_batch_by_batch_path(kind):
+    """The fast path (slices of the order's runs) against the general one, over every small layout and seek."""
+    from hasten.data.order import SampleOrder
+
+    def order(total):
+        if kind == "keyed":
+            return SampleOrder(total, kind="keyed", seed=3)
+        if kind == "sized-sequential":  # more samples than items: the order cycles
+            return SampleOrder(total, kind="sequential", num_samples=total + 5)
+        return SampleOrder(total, kind="sequential")
+
+    compared = 0
+    for total, size, n, drop_last, even in itertools.product(range(0, 23), (1, 2, 5), (1, 2, 3), (False, True),
+                                                             (True, False)):
+        for rank in range(n):
+            for seek in (None, 1, 3):
+                passes = []
+                for cls in (BatchSampler, _PlainBatchSampler):
+                    sharded = ShardedBatchSampler(cls(order(total), size, drop_last), n, rank, even_batches=even)
+                    if seek is not None and not sharded.seek(seek) and cls is BatchSampler:
+                        pytest.fail("a plain BatchSampler over a SampleOrder must seek")
+                    if seek is not None and cls is _PlainBatchSampler:  # the general path skips by drawing
+                        batches = list(sharded)[seek:]
+                    else:
+                        batches = list(sharded)
+                    passes.append(batches + list(sharded))  # and the next pass starts at 0 again
+                assert passes[0] == passes[1], (total, size, n, rank, drop_last, even, seek)
+                compared += 1
+    assert compared > 1000

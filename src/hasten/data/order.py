@@ -20,7 +20,7 @@ seed (or generator state), the epoch and the position, see `state_dict`.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -195,15 +195,21 @@ class SampleOrder(Sampler[int]):
         return out.tolist()
 
     def __iter__(self) -> Iterator[int]:
+        for chunk in self.index_chunks():
+            yield from chunk
+
+    def index_chunks(self) -> Iterator[Sequence[int]]:
+        """One pass's indices in consecutive runs (what iterating yields one by one), from where a seek left it."""
         start, self._start = self._start, 0
         if self.kind == "torch":
-            yield from self._torch_indices()[start:].tolist()
+            yield self._torch_indices()[start:].tolist()
             return
         if self.kind == "sequential" and self._num_samples is None:
-            yield from range(start, self.num_items)
+            for chunk_start in range(start, self.num_items, _CHUNK):
+                yield range(chunk_start, min(chunk_start + _CHUNK, self.num_items))
             return
         for chunk_start in range(start, self.num_samples, _CHUNK):
-            yield from self.indices(chunk_start, chunk_start + _CHUNK)
+            yield self.indices(chunk_start, chunk_start + _CHUNK)
 
     # -- checkpoint state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

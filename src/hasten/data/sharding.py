@@ -161,6 +161,42 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return self._iter_strided(seeked)
 
     def _iter_strided(self, seeked: bool = False) -> Iterator[list[int]]:
+        order = seekable_order(self.batch_sampler)
+        if order is not None:
+            return self._iter_strided_slices(order, seeked)
+        return self._iter_strided_batches(seeked)
+
+    def _iter_strided_slices(self, order: SampleOrder, seeked: bool) -> Iterator[list[int]]:
+        """The batches `_iter_strided_batches` gives, cut straight from the order's runs of indices.
+
+        The hot path of every prepared map-style loader: this process's slice
+        of each window of N batches is copied in C, instead of the Python
+        loop of torch's BatchSampler building every process's batches.
+        """
+        n, r, size = self.num_processes, self.process_index, self.batch_size
+        window = n * size  # type: ignore[operator]
+        epoch_start: list[int] = [i for b in self._epoch_start(n) for i in b] if seeked else []
+        pending: list[int] = []
+        for chunk in order.index_chunks():
+            pending.extend(chunk)
+            whole = len(pending) - len(pending) % window
+            if whole and not epoch_start:  # the pass's first window (a seeked pass computed it above)
+                epoch_start = pending[:window]
+            for offset in range(0, whole, window):
+                yield pending[offset + r * size:offset + (r + 1) * size]
+            del pending[:whole]
+        if not pending or self.drop_last:  # BatchSampler(drop_last=True) dropped the short batch; the rest too
+            return
+        if not self.even_batches:
+            if r * size < len(pending):
+                yield pending[r * size:(r + 1) * size]
+            return
+        if not epoch_start:  # the whole epoch is shorter than one window
+            epoch_start = list(pending)
+        pending = _cycle_fill(pending, epoch_start, window - len(pending))
+        yield pending[r * size:(r + 1) * size]
+
+    def _iter_strided_batches(self, seeked: bool = False) -> Iterator[list[int]]:
         n, r, size = self.num_processes, self.process_index, self.batch_size
         chunk: list[list[int]] = []
         # the first batches, to pad the last chunk with (computed when a seek skipped them)
