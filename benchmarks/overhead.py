@@ -5,9 +5,10 @@ Run it from the repository root (it launches itself on 2 processes):
     python benchmarks/overhead.py            # full run, a few minutes on 2 cores
     python benchmarks/overhead.py --quick    # fewer rounds
 
-Both training loops run in the same 2 processes, alternating in short
-rounds, so machine noise hits both alike; the reported ratio is the median
-over rounds of (hasten steps/s) / (raw steps/s). The raw loop is what a
+Both training loops run in the same 2 processes, their steps interleaved
+(one step of each in turn, each timed alone), so machine noise hits both
+alike; the reported ratio is the median over rounds of (hasten steps/s) /
+(raw steps/s). The raw loop is what a
 careful user writes by hand: DistributedSampler, DDP, `no_sync` on
 accumulation steps, `torch.autocast` around the forward.
 
@@ -37,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 from _launch import launch_self
 from _results import record
@@ -63,7 +65,7 @@ def build(kind: str, seed: int):
 
 
 def raw_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
-    """The hand-written DDP baseline; returns (wall seconds, main-thread CPU seconds, model)."""
+    """The hand-written DDP baseline, as a step generator (see `run_loop`); returns the model."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -75,8 +77,7 @@ def raw_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int
     sampler = DistributedSampler(dataset, shuffle=False)
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler)
     dtype = torch.bfloat16 if precision == "bf16" else None
-    dist.barrier()
-    start, cpu_start = time.perf_counter(), time.thread_time()
+    yield  # set up
     for step, (x, y) in enumerate(loader):
         if step == steps:
             break
@@ -89,13 +90,12 @@ def raw_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int
         if sync:
             optimizer.step()
             optimizer.zero_grad()
-    cpu = time.thread_time() - cpu_start
-    dist.barrier()
-    return time.perf_counter() - start, cpu, model
+        yield
+    return model
 
 
 def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0, preemption: bool = False):
-    """The same loop written for hasten; returns (wall seconds, main-thread CPU seconds, model).
+    """The same loop written for hasten, as a step generator; returns the model.
 
     With `preemption`, automatic checkpoint naming is on: SIGTERM/SIGUSR1 are watched and the
     processes check for an agreed stop at batch boundaries (what this costs is what is measured).
@@ -114,8 +114,7 @@ def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(dataset, batch_size=batch)
     ddp, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    dist.barrier()
-    start, cpu_start = time.perf_counter(), time.thread_time()
+    yield  # set up
     for step, (x, y) in enumerate(loader):
         if step == steps:
             break
@@ -125,14 +124,13 @@ def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-    cpu = time.thread_time() - cpu_start
-    dist.barrier()
+        yield
     accelerator._boundary_watch.close()  # give the signals back before the next loop's Accelerator
-    return time.perf_counter() - start, cpu, accelerator.unwrap_model(ddp)
+    return accelerator.unwrap_model(ddp)
 
 
 def accelerate_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
-    """The same loop written for Hugging Face Accelerate; returns (wall seconds, main-thread CPU seconds, model).
+    """The same loop written for Hugging Face Accelerate, as a step generator; returns the model.
 
     It adopts the process group the raw loop created (Accelerate inits one only when none exists).
     `cpu=True` because Accelerate only turns multi-process on for CPUs when asked to (without it, on
@@ -153,8 +151,7 @@ def accelerate_loop(kind: str, steps: int, accumulation: int, precision: str, se
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(dataset, batch_size=batch)
     ddp, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    dist.barrier()
-    start, cpu_start = time.perf_counter(), time.thread_time()
+    yield  # set up
     for step, (x, y) in enumerate(loader):
         if step == steps:
             break
@@ -164,9 +161,8 @@ def accelerate_loop(kind: str, steps: int, accumulation: int, precision: str, se
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-    cpu = time.thread_time() - cpu_start
-    dist.barrier()
-    return time.perf_counter() - start, cpu, accelerator.unwrap_model(ddp)
+        yield
+    return accelerator.unwrap_model(ddp)
 
 
 def make_fabric(precision: str):
@@ -188,7 +184,7 @@ def make_fabric(precision: str):
 
 
 def fabric_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
-    """The same loop written for Lightning Fabric (its documented accumulation: `no_backward_sync`, step every N)."""
+    """The same loop written for Lightning Fabric (its documented accumulation: `no_backward_sync`, step every N), as a step generator."""
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
@@ -198,8 +194,7 @@ def fabric_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=batch))  # adds the DistributedSampler
-    dist.barrier()
-    start, cpu_start = time.perf_counter(), time.thread_time()
+    yield  # set up
     for step, (x, y) in enumerate(loader):
         if step == steps:
             break
@@ -211,9 +206,8 @@ def fabric_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
         if sync:
             optimizer.step()
             optimizer.zero_grad()
-    cpu = time.thread_time() - cpu_start
-    dist.barrier()
-    return time.perf_counter() - start, cpu, model.module
+        yield
+    return model.module
 
 
 def peer_loops() -> dict:
@@ -224,6 +218,15 @@ def peer_loops() -> dict:
     if importlib.util.find_spec("lightning") is not None or importlib.util.find_spec("lightning_fabric") is not None:
         loops["fabric"] = fabric_loop
     return loops
+
+
+def run_loop(steps_of_a_loop) -> Any:
+    """Drive a loop's step generator to the end; returns what it returns (the trained model)."""
+    while True:
+        try:
+            next(steps_of_a_loop)
+        except StopIteration as finished:
+            return finished.value
 
 
 def rotations(names: list[str], index: int) -> list[str]:
@@ -237,11 +240,14 @@ PRECISION_NAMES = {"no": "fp32", "bf16": "bf16"}
 
 # ---------------------------------------------------------------------------- measurements (inside the 2 processes)
 def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, steps: int, preemption: bool = False) -> float:
-    """Median over paired rounds of hasten/raw speed, by wall clock and by main-thread CPU time.
+    """Median over rounds of hasten/raw speed, by wall clock and by main-thread CPU time.
 
-    Wall clock is what users feel but drifts a lot on a shared VM; the
-    main thread's CPU time is what hasten's Python adds per step, and is
-    far steadier. The verdict uses the CPU-time ratio.
+    In a round every loop is set up, then their steps interleave: one step
+    of each loop in turn (the order rotating every step), each timed alone.
+    Drift of the machine's speed, which on a shared VM is seconds long, then
+    falls on all loops alike. Wall clock is what users feel; the main
+    thread's CPU time is what a framework's Python adds per step, and is
+    steadier still. The verdict uses the CPU-time ratio.
     """
     import torch.distributed as dist
 
@@ -252,14 +258,22 @@ def compare_steps(kind: str, accumulation: int, precision: str, rounds: int, ste
     cpu_ratios = {name: [] for name in wall_ratios}
     rates = {name: [] for name in loops}
     for loop in loops.values():  # warm-up every path
-        loop(kind, 8, accumulation, precision)
+        run_loop(loop(kind, 8, accumulation, precision))
     for round_index in range(rounds):
-        # Rotate which loop goes first (for two loops ABBA...): the next loop of a round
-        # pays for freeing the previous one's objects, which would bias a fixed order.
-        timings = {}
+        gc.collect()
+        running = {name: loop(kind, steps, accumulation, precision) for name, loop in loops.items()}
         for name in rotations(list(loops), round_index):
-            gc.collect()
-            timings[name] = loops[name](kind, steps, accumulation, precision)[:2]
+            next(running[name])  # set up, untimed
+        timings = {name: [0.0, 0.0] for name in loops}
+        dist.barrier()
+        for step in range(steps):
+            for name in rotations(list(loops), round_index + step):
+                wall_start, cpu_start = time.perf_counter(), time.thread_time()
+                next(running[name])
+                timings[name][1] += time.thread_time() - cpu_start
+                timings[name][0] += time.perf_counter() - wall_start
+        for steps_of_a_loop in running.values():
+            run_loop(steps_of_a_loop)
         raw_wall, raw_cpu = timings["raw"]
         for name, (wall_seconds, cpu_seconds) in timings.items():
             rates[name].append(steps / wall_seconds)
@@ -296,9 +310,9 @@ def compare_parameters(kind: str, accumulation: int) -> float:
     import torch.distributed as dist
 
     steps = 48
-    raw_model = raw_loop(kind, steps, accumulation, "no", seed=1)[-1]
-    hasten_model = hasten_loop(kind, steps, accumulation, "no", seed=1)[-1]
-    untrained_model = raw_loop(kind, 0, accumulation, "no", seed=1)[-1]
+    raw_model = run_loop(raw_loop(kind, steps, accumulation, "no", seed=1))
+    hasten_model = run_loop(hasten_loop(kind, steps, accumulation, "no", seed=1))
+    untrained_model = run_loop(raw_loop(kind, 0, accumulation, "no", seed=1))
     diff = max((a - b).abs().max().item() for a, b in zip(raw_model.parameters(), hasten_model.parameters()))
     moved = max((a - b).abs().max().item() for a, b in zip(raw_model.parameters(), untrained_model.parameters()))
     if dist.get_rank() == 0:
@@ -309,7 +323,7 @@ def compare_parameters(kind: str, accumulation: int) -> float:
                ok=diff <= 1e-6)
     # the peers' loops must be the same training too (else their speed would not be comparable)
     for name, loop in peer_loops().items():
-        peer_model = loop(kind, steps, accumulation, "no", seed=1)[-1]
+        peer_model = run_loop(loop(kind, steps, accumulation, "no", seed=1))
         peer_diff = max((a - b).abs().max().item() for a, b in zip(raw_model.parameters(), peer_model.parameters()))
         if dist.get_rank() == 0:
             print(f"{kind:<12} acc={accumulation} fp32  max |param raw - param {name}| = {peer_diff:.2e}  (peer)", flush=True)
