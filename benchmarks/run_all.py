@@ -300,11 +300,12 @@ def render(records: list[dict], quick: bool) -> str:
     # training speed
     if steps:
         lines += ["## Training speed, 2 processes", ""]
-        lines += [("Ratio = median over alternating rounds of (framework steps/s) / (raw steps/s), measured in the "
-                  "same 2 processes (gloo, one thread each). *wall*: by wall clock; *CPU*: by the main thread's CPU "
-                  "time, which is what a framework's Python adds per step and much steadier on a shared VM. The "
-                  "verdict uses the measure each script states: the CPU ratio for DDP, the better of both for "
-                  "DeepSpeed ZeRO, wall clock for FSDP2 (no CPU figure there). DDP models: an MLP (32-64-64-1, "
+        lines += [("Ratio = median over rounds of (framework steps/s) / (raw steps/s), measured in the same 2 "
+                  "processes (gloo, one thread each). DDP and FSDP2: in each round the loops' steps interleave, one "
+                  "step of each in turn, each timed alone; DeepSpeed ZeRO: the two engines alternate in short rounds. "
+                  "*wall*: by wall clock; *CPU*: by the main thread's CPU time, which is what a framework's Python "
+                  "adds per step and much steadier on a shared VM. The verdict uses the measure each script states: "
+                  "the CPU ratio for DDP, the better of both for DeepSpeed ZeRO, wall clock for FSDP2. DDP models: an MLP (32-64-64-1, "
                   "batch 32 per rank) and a 2-layer transformer encoder (d=64, sequence 16, batch 8 per rank); "
                   "FSDP2: a 4-layer transformer LM (d=256); ZeRO: an MLP (64-256-256-1). The peers were measured "
                   "on DDP only (their FSDP/DeepSpeed set-ups differ too much to pair fairly); `+preempt` is hasten "

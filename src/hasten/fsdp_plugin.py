@@ -31,6 +31,10 @@ class FullyShardedDataParallelPlugin:
       gathered between forward and backward), NO_SHARD (replicated),
       HYBRID_SHARD / HYBRID_SHARD_ZERO2 (sharded within a machine,
       replicated across machines, on a 2-D mesh).
+    - `reshard_after_forward`: free each unit's gathered parameters after
+      forward (default: True for FULL_SHARD / HYBRID_SHARD). The root unit
+      keeps them (torch's own default for it): backward needs the root first,
+      so freeing them would only add one all-gather per step.
     - `auto_wrap_policy`: which submodules become their own FSDP unit:
       TRANSFORMER_BASED_WRAP (classes named in `transformer_cls_names_to_wrap`,
       else the model's `_no_split_modules`), SIZE_BASED_WRAP (subtrees of at
