@@ -1,6 +1,6 @@
 """Launch-to-exit time of a trivial 2-process job: `hasten launch` vs `torchrun`.
 
-    python benchmarks/launch.py [--repeats 9] [--quick]
+    python benchmarks/launch.py [--repeats 15] [--quick]
 
 Both start the same script (init_process_group + one all_reduce + clean
 shutdown) on 2 processes with gloo, alternating runs so machine noise hits
@@ -69,11 +69,11 @@ def timed(command: list[str], env: dict[str, str] | None = None) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=None, help="runs of each variant (default 9, 3 with --quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each variant (default 15, 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (noisier)")
     args = parser.parse_args()
     if args.repeats is None:
-        args.repeats = 3 if args.quick else 9
+        args.repeats = 3 if args.quick else 15
     peer = importlib.util.find_spec("accelerate") is not None
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "trivial.py"
