@@ -347,6 +347,8 @@ def _launch(
         stack.enter_context(_patched_environ(env))
         if num_nodes == 1:
             stack.enter_context(host_board.shared_directory())
+        else:  # not an outer launch's board either
+            stack.enter_context(_patched_environ({host_board.BOARD_DIR_ENV: ""}))
         stack.enter_context(_restored_signal_handlers())
         stack.enter_context(_quiet_agent_logs())
         config = LaunchConfig(

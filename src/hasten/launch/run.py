@@ -32,6 +32,7 @@ def execute(plan: LaunchPlan) -> int:
     env = plan.worker_env()
     os.environ.clear()
     os.environ.update(env)
+    os.environ.pop(host_board.BOARD_DIR_ENV, None)  # a launch inside a launched process gets its own board or none
     run_dir = tempfile.mkdtemp(prefix="hasten-launch-")
     os.environ[RECORD_ENV] = os.path.join(run_dir, "preempted.json")
     try:
