@@ -108,3 +108,14 @@ def test_the_board_is_used_only_when_every_process_is_on_this_machine(tmp_path, 
     monkeypatch.setattr(host_board, "_board_for", None)
     monkeypatch.setattr(host_board, "_board", None)
     assert (host_board.board() is not None) is used
+
+
+def test_check_numbers_wrap_without_zero_and_keep_alternating_slots(tmp_path):
+    board = Board(str(tmp_path / "words"), rank=0, world_size=1, timeout=1.0)
+    board._number = 0xFFFFFFFE - 1
+    numbers = []
+    for _ in range(4):
+        assert board.agree(3) is None
+        numbers.append(board._number)
+    assert numbers == [0xFFFFFFFE, 1, 2, 3]
+    assert [n & 1 for n in numbers] == [0, 1, 0, 1]

@@ -94,7 +94,9 @@ class Board:
         Waits at most `timeout` seconds, then raises a RuntimeError saying so
         (the watchdog reports a certain deadlock long before that).
         """
-        self._number = self._number % 0xFFFFFFFF + 1  # never 0: a fresh file's zeros are no check's words
+        # 1, 2, ..., 2**32 - 2, 1, ...: never 0 (a fresh file's zeros are no check's words), and the slots
+        # keep alternating across the wrap (the cycle's length is even).
+        self._number = self._number % 0xFFFFFFFE + 1
         tag, parity = self._number, self._number & 1
         words = self._words
         words[2 * self.rank + parity] = (tag << 32) | (signature & 0xFFFFFFFF)
