@@ -84,6 +84,26 @@ def test_emptying_the_directory_keeps_a_failed_attempts_words_from_passing_for_t
         fresh_rank0.agree(6)  # waits for the new rank 1, as it must
 
 
+def test_a_killed_launchers_directory_is_removed_by_the_next_launch_and_a_live_ones_kept(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)  # that process has exited: like a SIGKILLed launcher
+    monkeypatch.setattr(host_board.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host_board.os.path, "isdir", lambda path: False if path == "/dev/shm" else os.path.exists(path))
+    prefix = host_board._prefix()
+    stale, live, foreign = (tmp_path / f"{prefix}{dead_pid}-x1", tmp_path / f"{prefix}{os.getpid()}-x2",
+                            tmp_path / f"hasten-board-another-host-{dead_pid}-x3")
+    for directory in (stale, live, foreign):
+        directory.mkdir()
+        (directory / "restart-0.words").write_bytes(b"\0" * 32)
+    with host_board.shared_directory() as path:
+        assert path.startswith(str(tmp_path / f"{prefix}{os.getpid()}-"))
+        assert not stale.exists()
+        assert live.exists() and foreign.exists()  # a running launcher's, and another machine's (shared /dev/shm)
+
+
 def test_shared_directory_is_exported_then_removed_and_the_environment_restored(monkeypatch):
     monkeypatch.delenv(host_board.BOARD_DIR_ENV, raising=False)
     with host_board.shared_directory() as path:

@@ -130,4 +130,7 @@ def test_signal_to_launcher_leaves_no_rank(started, mode_args, sig):
         # like a shell: 128 + signal number, and one line saying what happened
         assert code == 128 + sig, f"exit {code} after {sig.name}:\n{output}"
         assert f"hasten launch: stopped by {sig.name}; all processes were ended." in output, output
+        # the shared-memory board of the collective checks goes with the launcher (torchrun mode makes one)
+        left_boards = list(Path("/dev/shm").glob(f"hasten-board-*-{process.pid}-*"))
+        assert not left_boards, f"the launcher left its collective board behind: {left_boards}"
     assert exit_seconds < EXIT_WITHIN

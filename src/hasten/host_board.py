@@ -13,7 +13,8 @@ A word is ``(check number << 32) | signature``, written with one aligned
 8-byte store. Each process has two slots, used alternately by check
 number: a process cannot pass check k before every process has posted k,
 so nobody can overwrite its slot for k (at k + 2) while another still reads
-it. Each start of the workers gets a new file (the launcher empties the
+it. A launcher removes the directories of launchers that were killed
+before they could (SIGKILL). Each start of the workers gets a new file (the launcher empties the
 directory before each of its attempts; torch's agent restarts are told
 apart by their restart count), so no stale word passes for a current one.
 """
@@ -24,6 +25,7 @@ import contextlib
 import mmap
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,8 +37,31 @@ _SPIN = 50  # yields before the first sleep: processes that arrive together agre
 _NAP = 50e-6  # then a poll every 50 µs (more polling only takes the CPU from the late process)
 
 
+def _prefix() -> str:
+    """This machine's board directories start with this; the launcher's pid follows."""
+    host = "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname())[:64]
+    return f"hasten-board-{host}-"
+
+
+def _remove_stale(parent: str) -> None:
+    """Remove the board directories of launchers on this machine that are gone (a SIGKILLed launcher cannot clean up)."""
+    prefix = _prefix()
+    for name in os.listdir(parent):
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
 @contextlib.contextmanager
-def shared_directory(attempt: int = 0) -> Iterator[str]:
+def shared_directory() -> Iterator[str]:
     """Create the board directory for one launch on this machine, export it to the workers, remove it afterwards.
 
     Example:
@@ -44,8 +69,9 @@ def shared_directory(attempt: int = 0) -> Iterator[str]:
         ...     os.path.isdir(path) and os.environ[BOARD_DIR_ENV] == path
         True
     """
-    parent = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    path = tempfile.mkdtemp(prefix="hasten-board-", dir=parent)
+    parent = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    _remove_stale(parent)
+    path = tempfile.mkdtemp(prefix=f"{_prefix()}{os.getpid()}-", dir=parent)
     previous = os.environ.get(BOARD_DIR_ENV)
     os.environ[BOARD_DIR_ENV] = path
     try:
@@ -60,6 +86,7 @@ def shared_directory(attempt: int = 0) -> Iterator[str]:
 
 def empty(directory: str) -> None:
     """Remove the boards of earlier attempts (call it while no worker runs)."""
+    os.makedirs(directory, exist_ok=True)
     for name in os.listdir(directory):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(directory, name))
@@ -152,10 +179,12 @@ def board() -> Board | None:
     _board, _board_for = None, key
     directory = os.environ.get(BOARD_DIR_ENV)
     rank, world_size = key
-    if not directory or not os.path.isdir(directory) or os.environ.get("RANK") != str(rank):
+    # Decided from the environment alone (never from what is on disk), so no process can decide otherwise.
+    if not directory or os.environ.get("RANK") != str(rank):
         return None
     if os.environ.get("LOCAL_WORLD_SIZE") != str(world_size) or os.environ.get("WORLD_SIZE") != str(world_size):
         return None  # several machines, or a group other than the launched one
+    os.makedirs(directory, exist_ok=True)
     name = f"restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.words"
     _board = Board(os.path.join(directory, name), rank, world_size, _group_timeout())
     return _board
