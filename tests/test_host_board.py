@@ -88,7 +88,7 @@ def test_a_killed_launchers_directory_is_removed_by_the_next_launch_and_a_live_o
     import subprocess
     import sys
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     dead_pid = int(gone.stdout)  # that process has exited: like a SIGKILLed launcher
     monkeypatch.setattr(host_board.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host_board.os.path, "isdir", lambda path: False if path == "/dev/shm" else os.path.exists(path))
