@@ -90,9 +90,11 @@ def test_a_killed_launchers_directory_is_removed_by_the_next_launch_and_a_live_o
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     dead_pid = int(gone.stdout)  # that process has exited: like a SIGKILLed launcher
-    monkeypatch.setattr(host_board.tempfile, "gettempdir", lambda: str(tmp_path))
+    from hasten.launch import leftovers
+
+    monkeypatch.setattr(leftovers.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host_board.os.path, "isdir", lambda path: False if path == "/dev/shm" else os.path.exists(path))
-    prefix = host_board._prefix()
+    prefix = leftovers.prefix("board")
     stale, live, foreign = (tmp_path / f"{prefix}{dead_pid}-x1", tmp_path / f"{prefix}{os.getpid()}-x2",
                             tmp_path / f"hasten-board-another-host-{dead_pid}-x3")
     for directory in (stale, live, foreign):

@@ -25,8 +25,6 @@ import contextlib
 import mmap
 import os
 import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Iterator
 
@@ -35,29 +33,6 @@ __all__ = ["BOARD_DIR_ENV", "Board", "board", "empty", "shared_directory"]
 BOARD_DIR_ENV = "HASTEN_BOARD_DIR"
 _SPIN = 50  # yields before the first sleep: processes that arrive together agree in microseconds
 _NAP = 50e-6  # then a poll every 50 µs (more polling only takes the CPU from the late process)
-
-
-def _prefix() -> str:
-    """This machine's board directories start with this; the launcher's pid follows."""
-    host = "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname())[:64]
-    return f"hasten-board-{host}-"
-
-
-def _remove_stale(parent: str) -> None:
-    """Remove the board directories of launchers on this machine that are gone (a SIGKILLed launcher cannot clean up)."""
-    prefix = _prefix()
-    for name in os.listdir(parent):
-        if not name.startswith(prefix):
-            continue
-        pid = name[len(prefix):].split("-", 1)[0]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        except PermissionError:  # alive, another user's
-            pass
 
 
 @contextlib.contextmanager
@@ -69,9 +44,10 @@ def shared_directory() -> Iterator[str]:
         ...     os.path.isdir(path) and os.environ[BOARD_DIR_ENV] == path
         True
     """
-    parent = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    _remove_stale(parent)
-    path = tempfile.mkdtemp(prefix=f"{_prefix()}{os.getpid()}-", dir=parent)
+    from .launch.leftovers import owned_directory
+
+    parent = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    path = owned_directory("board", parent)
     previous = os.environ.get(BOARD_DIR_ENV)
     os.environ[BOARD_DIR_ENV] = path
     try:

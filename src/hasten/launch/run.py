@@ -15,6 +15,7 @@ from typing import Any
 from .. import host_board
 from ..checkpointing.preemption import EXIT_PREEMPTED, PROGRESS_ENV, RECORD_ENV, read_preemption_record
 from .failures import all_failures, failure_summary, root_cause
+from .leftovers import owned_directory
 from .plan import LaunchPlan
 
 __all__ = ["execute"]
@@ -33,7 +34,7 @@ def execute(plan: LaunchPlan) -> int:
     os.environ.clear()
     os.environ.update(env)
     os.environ.pop(host_board.BOARD_DIR_ENV, None)  # a launch inside a launched process gets its own board or none
-    run_dir = tempfile.mkdtemp(prefix="hasten-launch-")
+    run_dir = owned_directory("launch")  # a SIGKILLed launcher's is removed by the next launch
     os.environ[RECORD_ENV] = os.path.join(run_dir, "preempted.json")
     try:
         if plan.mode == "single":
