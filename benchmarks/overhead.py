@@ -67,7 +67,6 @@ def build(kind: str, seed: int):
 def raw_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
     """The hand-written DDP baseline, as a step generator (see `run_loop`); returns the model."""
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
@@ -102,14 +101,20 @@ def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
     """
     import tempfile
 
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader
-
     from hasten import Accelerator, ProjectConfiguration
 
     project = ProjectConfiguration(tempfile.gettempdir(), automatic_checkpoint_naming=True) if preemption else None
     accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=accumulation, project_config=project)
+    model = yield from accelerator_steps(accelerator, kind, steps, seed)
+    accelerator._boundary_watch.close()  # give the signals back before the next loop's Accelerator
+    return model
+
+
+def accelerator_steps(accelerator, kind: str, steps: int, seed: int):
+    """The training loop as written for Accelerate's API, which hasten keeps: the same lines run for both."""
+    import torch
+    from torch.utils.data import DataLoader
+
     model, dataset, batch = build(kind, seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(dataset, batch_size=batch)
@@ -125,7 +130,6 @@ def hasten_loop(kind: str, steps: int, accumulation: int, precision: str, seed: 
             optimizer.step()
             optimizer.zero_grad()
         yield
-    accelerator._boundary_watch.close()  # give the signals back before the next loop's Accelerator
     return accelerator.unwrap_model(ddp)
 
 
@@ -138,31 +142,13 @@ def accelerate_loop(kind: str, steps: int, accumulation: int, precision: str, se
     Accelerator; Accelerate keeps its state in singletons, so it is reset first (what its own tests do),
     keeping the process-level state (the group) and dropping the per-Accelerator one (precision, accumulation).
     """
-    import torch
-    import torch.distributed as dist
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
-    from torch.utils.data import DataLoader
 
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     accelerator = Accelerator(cpu=True, mixed_precision=precision, gradient_accumulation_steps=accumulation)
-    model, dataset, batch = build(kind, seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(dataset, batch_size=batch)
-    ddp, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    yield  # set up
-    for step, (x, y) in enumerate(loader):
-        if step == steps:
-            break
-        with accelerator.accumulate(ddp):
-            out = ddp(x)
-            loss = torch.nn.functional.mse_loss(out.float(), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-        yield
-    return accelerator.unwrap_model(ddp)
+    return (yield from accelerator_steps(accelerator, kind, steps, seed))
 
 
 def make_fabric(precision: str):
@@ -186,7 +172,6 @@ def make_fabric(precision: str):
 def fabric_loop(kind: str, steps: int, accumulation: int, precision: str, seed: int = 0):
     """The same loop written for Lightning Fabric (its documented accumulation: `no_backward_sync`, step every N), as a step generator."""
     import torch
-    import torch.distributed as dist
     from torch.utils.data import DataLoader
 
     fabric = make_fabric(precision)

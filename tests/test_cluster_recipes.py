@@ -36,6 +36,7 @@ from hasten.cli.launch import build_plan, resolve_config
 from hasten.cli.main import build_parser
 from hasten.launch_spec import LaunchSpec
 from hasten.topology import ProcessTopology
+from hasten.utils.environment import clear_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "multi-node.md"
@@ -145,14 +146,9 @@ def run_shell(cluster: dict[str, Any], script: str, env: dict[str, str]) -> list
 @contextlib.contextmanager
 def environment(env: dict[str, str]) -> Iterator[None]:
     """os.environ replaced by `env` for the block (torchrun's parser reads PET_* defaults from it)."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
+    with clear_environment():
+        os.environ.update(env)
         yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @contextlib.contextmanager
