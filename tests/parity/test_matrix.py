@@ -1,0 +1,97 @@
+"""The matrix script under Accelerate and under hasten, 1 and 2 processes: every step's records must be equal.
+
+Equal means bit-identical: both libraries run the same torch operations on
+the same CPU (the same DDP all-reduce over gloo on 2 processes), so losses,
+learning rates and norms are compared as ``float.hex`` strings. A step
+record holds the dataset indices of the rank's batch (``idx``), a digest of
+the global torch RNG before the step (``rng``: dropout's stream), ``loss``,
+``lr``, ``sync_gradients``, ``end_of_dataloader``, the norm
+``clip_grad_norm_`` returned and whether the optimizer step was skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import HASTEN, PEER, STEP_FIELDS, Run, Runs, first_difference, scenario_names
+
+SCENARIOS = scenario_names()
+PROCESSES = [pytest.param(1, id="1p"), pytest.param(2, id="2p", marks=pytest.mark.multiprocess)]
+pytestmark = pytest.mark.parity
+
+
+def _errors(run: Run, scenario: str, phase: str = "train") -> list[str]:
+    return [f"{r['error']}  at  {' | '.join(r.get('where', []))}" for r in run.of("error", scenario, phase)]
+
+
+def compare(runs: Runs, scenario: str, nproc: int, kind: str, fields: tuple[str, ...], phase: str = "train",
+            checkpoints_of: str | None = None) -> None:
+    """Fail with the first differing record of ``kind`` for ``scenario``, both values shown."""
+    peer, ours = runs.matrix(PEER, nproc, phase), runs.matrix(HASTEN, nproc, phase, checkpoints_of)
+    peer.check()
+    assert not _errors(peer, scenario, phase), f"the scenario fails under Accelerate itself: {_errors(peer, scenario, phase)}"
+    ours.check()
+    where = f"{scenario!r} ({phase}) on {nproc} process(es)"
+    errors = _errors(ours, scenario, phase)
+    assert not errors, f"{where}: hasten raised {errors[0]}"
+    expected = peer.of(kind, scenario, phase)
+    assert expected, f"Accelerate wrote no {kind!r} record for {where}"
+    difference = first_difference(expected, ours.of(kind, scenario, phase), fields)
+    if difference is not None:
+        pytest.fail(f"{where}, {kind} records:\n{difference}", pytrace=False)
+
+
+@pytest.mark.parametrize("nproc", PROCESSES)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_training_steps(runs: Runs, scenario: str, nproc: int) -> None:
+    """Per step: indices, RNG, loss, lr, sync flags, clip norm; then the final parameters."""
+    compare(runs, scenario, nproc, "step", STEP_FIELDS)
+    compare(runs, scenario, nproc, "final", ("params", "rng"))
+
+
+@pytest.mark.parametrize("nproc", PROCESSES)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_gather_for_metrics(runs: Runs, scenario: str, nproc: int) -> None:
+    """Per eval step (ragged last batch: 21 rows): the rows `gather_for_metrics` returned and their predictions."""
+    compare(runs, scenario, nproc, "eval", ("rows", "preds"))
+
+
+@pytest.mark.parametrize("nproc", PROCESSES)
+def test_setup_facts(runs: Runs, nproc: int) -> None:
+    """What a script reads after prepare: distributed type, precision, loader lengths, the RNG after prepare."""
+    peer, ours = runs.matrix(PEER, nproc), runs.matrix(HASTEN, nproc)
+    peer.check(), ours.check()
+    fields = ("distributed_type", "num_processes", "mixed_precision", "train_batches", "eval_batches", "rng")
+    problems = []
+    for scenario in SCENARIOS:
+        difference = first_difference(peer.of("setup", scenario), ours.of("setup", scenario), fields)
+        if difference:
+            problems.append(f"{scenario}: {difference}")
+    if problems:
+        pytest.fail(f"{nproc} process(es), setup records differ:\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.mark.parametrize("nproc", PROCESSES)
+def test_reset_state_between_accelerators(runs: Runs, nproc: int) -> None:
+    """`AcceleratorState._reset_state(True)` then `GradientState._reset_state()`, as Accelerate's test scripts call them."""
+    ours = runs.matrix(HASTEN, nproc)
+    ours.check()
+    errors = sorted({r["error"] for r in ours.of("reset_error")})
+    assert not errors, f"resetting the shared state between Accelerators raised under hasten: {errors}"
+    assert not runs.matrix(PEER, nproc).of("reset_error")
+
+
+@pytest.mark.parametrize("nproc", PROCESSES)
+def test_resume_continues_like_accelerate(runs: Runs, nproc: int) -> None:
+    """load_state + skip_first_batches (Accelerate's by_feature/checkpointing.py): every later step equal."""
+    compare(runs, "resume", nproc, "loaded", ("rng", "lr"), phase="resume")
+    compare(runs, "resume", nproc, "step", STEP_FIELDS, phase="resume")
+    compare(runs, "resume", nproc, "eval", ("rows", "preds"), phase="resume")
+    compare(runs, "resume", nproc, "final", ("params", "rng"), phase="resume")
+
+
+@pytest.mark.parametrize("nproc", PROCESSES)
+def test_resume_from_an_accelerate_checkpoint(runs: Runs, nproc: int) -> None:
+    """hasten's load_state reads the folder Accelerate's save_state wrote and continues as Accelerate does."""
+    compare(runs, "resume", nproc, "step", STEP_FIELDS, phase="resume", checkpoints_of=PEER)
+    compare(runs, "resume", nproc, "final", ("params", "rng"), phase="resume", checkpoints_of=PEER)
