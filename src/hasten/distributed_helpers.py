@@ -30,19 +30,30 @@ class DistributedHelpersMixin:
         return collectives.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """`gather`, minus the samples repeated to even out the last batch.
+        """`gather`, minus the samples repeated to complete the last global batch (Accelerate's rule).
 
-        Over a whole prepared evaluation loader, the gathered items add up to
-        exactly `len(dataset)`.
+        At the last batch of a prepared loader the gathered rows are cut to
+        the loader's `remainder` (``len(dataset) % total_batch_size``) when
+        it is positive, so over a whole evaluation loader the gathered items
+        add up to `len(dataset)`; a loader that drops its last batch, or
+        whose dataset has no length, is returned as gathered. Anything that
+        is not tensors (in lists, tuples, dicts), or `use_gather_object=True`,
+        goes through `gather_object`.
         """
-        is_tensors = not use_gather_object and _only_tensors(input_data)
-        data = collectives.gather(input_data) if is_tensors else collectives.gather_object(input_data)
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder > 0:
-            if is_tensors:
-                return collectives.recursively_apply(lambda t: t[:remainder], data)
-            return data[:remainder]
-        return data
+        use_gather_object = use_gather_object or not _only_tensors(input_data)
+        data = collectives.gather_object(input_data) if use_gather_object else collectives.gather(input_data)
+        state = self.gradient_state
+        if not state.end_of_dataloader:
+            return data
+        remainder = state.remainder
+        if remainder <= 0:  # -1: no length or the last batch was dropped; 0: nothing was repeated
+            return data
+        try:
+            if use_gather_object:
+                return data[:remainder]
+            return collectives.recursively_apply(lambda t: t[:remainder], data)
+        except Exception:  # something that cannot be cut (as Accelerate, hand it back whole)
+            return data
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Gather picklable objects from all processes into one list."""

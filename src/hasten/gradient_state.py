@@ -1,44 +1,94 @@
-"""Per-Accelerator state shared with its prepared data loaders and optimizers."""
+"""Gradient-synchronisation state shared by the Accelerator, its prepared loaders, optimizers and schedulers.
+
+As in Accelerate, `GradientState()` is one state per process: every instance
+shares it, so code that asks ``GradientState().end_of_dataloader`` (or a
+library that does) sees what the running loop sees. `_reset_state()` empties
+it (tests and notebooks that build a new Accelerator do that).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 __all__ = ["GradientState", "LoaderPosition"]
 
 
 @dataclass(eq=False)  # compared by identity: each iteration has its own
 class LoaderPosition:
-    """Where the loader being iterated is: at its last batch? how many real samples does that batch hold?"""
+    """Where the loader being iterated is: at its last batch? how many samples does its last global batch hold?
+
+    `remainder` follows Accelerate: ``len(dataset) % total_batch_size`` when
+    the loader keeps its last batch and the dataset has a length, else -1;
+    `gather_for_metrics` truncates the gathered last batch to it when > 0.
+    """
 
     end_of_dataloader: bool = False
-    remainder: int = 0  # real samples in the padded last global batch; 0 = no padding
+    remainder: int = -1
     cursor: Any = None  # the loader's LoaderCursor (backward marks it as a training loader)
     loader: Any = None  # the prepared loader being iterated (`GradientState.active_dataloader`)
 
 
-@dataclass
+_DEFAULTS: dict[str, Any] = {
+    "num_steps": 1,
+    "sync_gradients": True,
+    "step": 0,
+    "sync_with_dataloader": True,
+    "plugin_kwargs": {},
+    # Called by a training loader each time it is asked for a batch (preemption, progress); None = nothing to do.
+    "boundary_hook": None,
+}
+
+
 class GradientState:
-    """Whether this step synchronises gradients, and which loader is being iterated.
+    """Whether this step synchronises gradients, and which loader is being iterated (one per process).
 
     Loaders push their position when iteration starts and pop it when it
     ends, so an eval loop nested in a training loop does not clobber the
-    training loader's end-of-epoch flag.
+    training loader's end-of-epoch flag. A `GradientAccumulationPlugin`, or
+    `num_steps` / `sync_with_dataloader`, updates the shared settings.
 
     Example:
+        >>> GradientState._reset_state()
         >>> state = GradientState(num_steps=2)
-        >>> state.sync_gradients, state.end_of_dataloader
-        (True, False)
+        >>> state.sync_gradients, state.end_of_dataloader, GradientState().num_steps
+        (True, False, 2)
     """
 
-    num_steps: int = 1
-    sync_gradients: bool = True
-    step: int = 0
-    sync_with_dataloader: bool = True
-    # Called by a training loader each time it is asked for a batch (preemption, progress); None = nothing to do.
-    boundary_hook: Callable[[Any], None] | None = None
-    _positions: list[LoaderPosition] = field(default_factory=list)
+    _shared_state: ClassVar[dict[str, Any]] = {}
+
+    num_steps: int
+    sync_gradients: bool
+    step: int
+    sync_with_dataloader: bool
+    plugin_kwargs: dict[str, Any]
+    boundary_hook: Callable[[Any], None] | None
+
+    def __init__(self, gradient_accumulation_plugin: Any = None, *, num_steps: int | None = None,
+                 sync_with_dataloader: bool | None = None) -> None:
+        self.__dict__ = self._shared_state
+        if not self._shared_state:
+            self.__dict__.update({k: (dict(v) if isinstance(v, dict) else v) for k, v in _DEFAULTS.items()})
+            self._positions: list[LoaderPosition] = []
+        if gradient_accumulation_plugin is not None:
+            self.num_steps = gradient_accumulation_plugin.num_steps
+            self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
+            to_kwargs = getattr(gradient_accumulation_plugin, "to_kwargs", None)
+            self.plugin_kwargs = to_kwargs() if to_kwargs is not None else {}
+        if num_steps is not None:
+            self.num_steps = num_steps
+        if sync_with_dataloader is not None:
+            self.sync_with_dataloader = sync_with_dataloader
+
+    @property
+    def initialized(self) -> bool:
+        """True once a GradientState was created in this process (and not reset since)."""
+        return bool(GradientState._shared_state)
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Accelerate's flag, read from the plugin's non-default settings (so False unless set explicitly)."""
+        return bool(self.plugin_kwargs.get("adjust_scheduler", False))
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -46,7 +96,8 @@ class GradientState:
 
     @property
     def remainder(self) -> int:
-        return self._positions[-1].remainder if self._positions else 0
+        """The active loader's remainder (see `LoaderPosition`); -1 outside a loader."""
+        return self._positions[-1].remainder if self._positions else -1
 
     @property
     def in_dataloader(self) -> bool:
@@ -57,22 +108,31 @@ class GradientState:
         """The prepared loader being iterated right now (the innermost one), or None outside a loop.
 
         Example:
+            >>> GradientState._reset_state()
             >>> GradientState().active_dataloader is None
             True
         """
         return self._positions[-1].loader if self._positions else None
 
-    def _reset_state(self) -> None:
-        """Forget the loaders being iterated and the accumulation count (tests and notebooks re-creating Accelerators).
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The loaders being iterated, outermost first, after a leading None (Accelerate's layout)."""
+        return [None] + [position.loader for position in self._positions]
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget everything: the next `GradientState()` starts afresh (tests and notebooks re-creating Accelerators).
 
         Example:
-            >>> state = GradientState(step=3)
-            >>> state._reset_state(); state.step
-            0
+            >>> GradientState(num_steps=3).num_steps
+            3
+            >>> GradientState._reset_state(); GradientState().num_steps
+            1
         """
-        self._positions.clear()
-        self.step = 0
-        self.sync_gradients = True
+        GradientState._shared_state.clear()
 
     def mark_training(self) -> None:
         """The innermost loader being iterated feeds backward(): its batch boundaries are preemption points."""
@@ -85,3 +145,7 @@ class GradientState:
     def pop(self, position: LoaderPosition) -> None:
         if position in self._positions:
             self._positions.remove(position)
+
+    def __repr__(self) -> str:
+        return (f"GradientState(sync_gradients={self.sync_gradients}, end_of_dataloader={self.end_of_dataloader}, "
+                f"remainder={self.remainder}, num_steps={self.num_steps})")

@@ -211,14 +211,14 @@ class DataLoaderConfiguration:
     """
 
     split_batches: bool = False
-    # True: process 0 alone reads each batch and sends every process its rows (for data only one process can
-    # read). None/False: each process reads its own share (also for iterable datasets, where the peer dispatches).
+    # True: process 0 alone reads each batch and sends every process its rows. None (Accelerate's default):
+    # True for an iterable dataset whose batches are put on the device, False otherwise.
     dispatch_batches: bool | None = None
     even_batches: bool = True
-    # Accepted for compatibility: hasten's shuffles are always seeded, identical on every process and resumable.
+    # Shuffle with the seed data_seed + epoch (as Accelerate's SeedableRandomSampler) instead of torch's RandomSampler
+    # draws; either way every process sees the same order and a resume continues it exactly.
     use_seedable_sampler: bool = False
-    # The shuffle's seed for every prepared loader with a RandomSampler (else drawn once from torch's RNG on
-    # process 0, or taken from the loader's own generator).
+    # The seed of the seedable sampler (default: torch's initial seed); used only with use_seedable_sampler or keyed_shuffle.
     data_seed: int | None = None
     non_blocking: bool = False
     # load_state also restores each prepared loader's position: the next pass yields the rest of the epoch
@@ -235,7 +235,7 @@ class GradientAccumulationPlugin:
     """
 
     num_steps: int = 1
-    adjust_scheduler: bool = True  # accepted for compatibility: the scheduler steps once per optimizer step
+    adjust_scheduler: bool = True  # as in Accelerate, only its non-default value reaches GradientState.adjust_scheduler
     sync_with_dataloader: bool = True
     # Synchronise (all-reduce / reduce-scatter) gradients on every batch, not only on the optimizer step:
     # more communication, but under FSDP no full-size unsharded gradient is kept between batches.
@@ -318,6 +318,10 @@ class InitProcessGroupKwargs(_KwargsHandler):
     """
 
     backend: str | None = None
+    # hasten's opt-in: shuffle with its keyed O(1)-memory order (seed data_seed, else torch's initial seed). It starts a
+    # 1e9-sample loader at once but visits samples in another order than Accelerate. Datasets over 2**27 samples use it
+    # anyway (a permutation would not fit comfortably in memory); the log says so once.
+    keyed_shuffle: bool = False
     init_method: str | None = None
     timeout: timedelta | None = None
 

@@ -2,13 +2,16 @@
 
 - `order.py`: which sample each position of an epoch visits (seekable, O(1) memory when keyed).
 - `sharding.py`: which batches (or items) belong to this process.
-- `loader.py`: `PreparedDataLoader`, `prepare_data_loader`, `skip_first_batches`.
+- `loader.py`: `PreparedDataLoader`, `skip_first_batches`.
+- `prepare.py`: `prepare_data_loader` (what Accelerate's does to a loader).
+- `dispatch.py`: `DispatchedDataLoader` (process 0 reads, every process gets its rows).
 
 Example:
     >>> from hasten.data import prepare_data_loader
 """
 
-from .loader import LoaderCursor, PreparedDataLoader, prepare_data_loader, skip_first_batches
+from .loader import LoaderCursor, PreparedDataLoader, skip_first_batches
+from .prepare import prepare_data_loader
 from .order import SampleOrder, keyed_permutation
 from .sharding import IterableDatasetShard, ShardedBatchSampler, SkipBatchSampler, seek_batches
 

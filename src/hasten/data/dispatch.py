@@ -4,8 +4,9 @@ For data that only one process can read (a stream, a remote source, a
 loader with side effects), process 0 iterates the original loader, joins
 `num_processes` consecutive batches into one global batch (one batch with
 `split_batches`), broadcasts it, and every process keeps its contiguous
-slice of rows. With `even_batches` a short last global batch is padded by
-cycling its rows, and `gather_for_metrics` drops the copies again.
+slice of rows. A short last global batch is completed with the first rows
+of the pass (as Accelerate's dispatcher does), and `gather_for_metrics`
+drops the copies again.
 
 Everything else is the prepared loader's: the seeded order, the look-ahead
 that marks the last batch, the position saved by `save_state` (counted in
@@ -14,14 +15,18 @@ dispatched batches), `skip_first_batches`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed
+from torch.utils.data import IterableDataset
+from torch.utils.data.dataloader import _DatasetKind
 
-from ..collectives import _distributed, broadcast_object_list, recursively_apply, share_bounds
+from ..collectives import _distributed, broadcast_object_list, recursively_apply
 from .loader import PreparedDataLoader
+from .sharding import seekable_order
 
 __all__ = ["DispatchedDataLoader"]
 
@@ -78,48 +83,111 @@ def _take_rows(batch: Any, rows: list[int] | slice) -> Any:
 class DispatchedDataLoader(PreparedDataLoader):
     """A prepared loader whose batches are read on process 0 only and broadcast (`dispatch_batches=True`).
 
-    `len()` counts dispatched batches (one per step on every process).
+    Accelerate's `DataLoaderDispatcher` layout: process 0 joins
+    `num_processes` batches (one with `split_batches`) into a global batch of
+    R rows and every process keeps rows ``[r*R//N, (r+1)*R//N)``. Unless the
+    loader drops its last batch, a last global batch whose rows do not divide
+    by N is completed with the first N rows of the pass's first global batch
+    (each process then keeps R//N + 1 rows). `len()` counts dispatched
+    batches; at the last one, `remainder` is its number of real rows.
 
     Example:
         >>> from torch.utils.data import DataLoader
         >>> from hasten.data import prepare_data_loader
-        >>> loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), dispatch_batches=True)
+        >>> loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), dispatch_batches=True, put_on_device=True)
         >>> [b.tolist() for b in loader]  # one process: it reads and keeps everything
         [[0, 1], [2, 3], [4, 5]]
     """
 
     def __init__(self, *args: Any, num_processes: int = 1, process_index: int = 0, batches_per_dispatch: int = 1,
-                 even_batches: bool = True, slice_fn: Callable[..., Any] | None = None, **kwargs: Any) -> None:
+                 slice_fn: Callable[..., Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.num_processes = num_processes
         self.process_index = process_index
         self.batches_per_dispatch = batches_per_dispatch
-        self.even_batches = even_batches
+        self.split_batches = batches_per_dispatch == 1 and num_processes > 1
         self.slice_fn = slice_fn
-        self._last_remainder = 0
+        self._last_rows: int | None = None
+        self._first_rows: Any = None
 
     def view_kwargs(self) -> dict[str, Any]:
         """What `skip_first_batches` passes on to a view of this loader."""
         return {"num_processes": self.num_processes, "process_index": self.process_index,
-                "batches_per_dispatch": self.batches_per_dispatch, "even_batches": self.even_batches,
-                "slice_fn": self.slice_fn}
+                "batches_per_dispatch": self.batches_per_dispatch, "slice_fn": self.slice_fn}
 
     def __len__(self) -> int:
         inner = super(PreparedDataLoader, self).__len__()  # batches of the original loader
-        return max(0, -(-inner // self.batches_per_dispatch) - self.skip_batches)
+        if self.batches_per_dispatch == 1:
+            whole = inner
+        elif self._drop_last:
+            whole = inner // self.batches_per_dispatch
+        else:
+            whole = -(-inner // self.batches_per_dispatch)
+        return max(0, whole - self.skip_batches)
 
-    def final_remainder(self) -> int:
-        return self._last_remainder
+    @property
+    def total_batch_size(self) -> int:
+        return self.global_batch_size if self.global_batch_size is not None else super().total_batch_size
+
+    def _start_remainder(self) -> int:
+        return -1  # known at the last batch (`final_remainder`), as in Accelerate's dispatcher
+
+    def final_remainder(self) -> int | None:
+        return self._last_rows
 
     def _start_pass(self, skip: int) -> Iterator[Any]:
-        # The global rank 0 reads (under tensor parallelism several ranks share a data-parallel index).
+        # Every process starts the inner loader (torch draws its base seed there, as under Accelerate);
+        # only the global rank 0 reads it (under tensor parallelism several ranks share a data index).
+        # The global batches come unsliced: slicing waits for the loop's look-ahead to tell the last one.
+        map_style = not isinstance(self.dataset, IterableDataset)
+        inner = super()._start_pass(skip * self.batches_per_dispatch if map_style else 0)
+        self._last_rows, self._first_rows = None, None
         distributed = _distributed()
         if distributed and torch.distributed.get_rank() != 0:
             return self._receive()
-        global_batches = self._join(super()._start_pass(skip * self.batches_per_dispatch))
-        if distributed:
-            return self._send(global_batches)
-        return (self._my_rows(batch) for batch in global_batches)  # one process (or a simulated rank)
+        items = self._global_batches(inner, skip, map_style)
+        return self._send(items) if distributed else self._keep(items)
+
+    def _global_batches(self, inner: Iterator[Any], skip: int, map_style: bool) -> Iterator[tuple[str, Any]]:
+        """Process 0's global batches, each tagged "batch"; a pass that starts after `skip` of them first
+        gives its first global batch tagged "first" (the last batch is completed from it)."""
+        joined = self._join(inner)
+        if skip and not map_style:  # a stream cannot seek: read the skipped global batches and drop them
+            for index, batch in enumerate(itertools.islice(joined, skip)):
+                if index == 0 and not self._drop_last:
+                    yield "first", batch
+        elif skip and not self._drop_last:
+            first = self._first_global_batch()
+            if first is not None:
+                yield "first", first
+        for batch in joined:
+            yield "batch", batch
+
+    def _first_global_batch(self) -> Any:
+        """The pass's first global batch, fetched again (the pass seeked past it) without drawing anything.
+
+        None for a custom batch sampler (its batches cannot be recomputed): the
+        last batch is then completed from the first batch this pass reads.
+        """
+        order = seekable_order(self.batch_sampler)
+        if order is None or self.batch_sampler.batch_size is None:  # type: ignore[union-attr]
+            return None
+        size = self.batch_sampler.batch_size  # type: ignore[union-attr]
+        fetcher = _DatasetKind.create_fetcher(self._dataset_kind, self.dataset, self._auto_collation, self.collate_fn,
+                                              self.drop_last)
+        rng = torch.get_rng_state()  # a collate function may draw (masking): the pass must not see it
+        try:
+            batches = [fetcher.fetch(order.indices(k * size, (k + 1) * size)) for k in range(self.batches_per_dispatch)]
+        finally:
+            torch.set_rng_state(rng)
+        return _concatenate([b for b in batches if _rows(b)])
+
+    def _keep(self, items: Iterator[tuple[str, Any]]) -> Iterator[Any]:
+        for kind, batch in items:
+            if kind == "first":
+                self._first_rows = _take_rows(batch, slice(0, self.num_processes))
+            else:
+                yield batch
 
     def _join(self, batches: Iterator[Any]) -> Iterator[Any]:
         group: list[Any] = []
@@ -128,15 +196,15 @@ class DispatchedDataLoader(PreparedDataLoader):
             if len(group) == self.batches_per_dispatch:
                 yield _concatenate(group)
                 group = []
-        if group:
+        if group and not self._drop_last:
             yield _concatenate(group)
 
     # -- process 0 --------------------------------------------------------------------------
-    def _send(self, global_batches: Iterator[Any]) -> Iterator[Any]:
+    def _send(self, items: Iterator[tuple[str, Any]]) -> Iterator[Any]:
         import torch.distributed as dist
 
         device = self._wire_device()
-        for batch in global_batches:
+        for kind, batch in items:
             tensors: list[torch.Tensor] = []
 
             def spec(tensor: torch.Tensor) -> _TensorSpec:
@@ -144,11 +212,15 @@ class DispatchedDataLoader(PreparedDataLoader):
                 return _TensorSpec(tuple(tensor.shape), tensor.dtype)
 
             header = recursively_apply(spec, batch)
-            broadcast_object_list([header], from_process=0)
+            broadcast_object_list([(kind, header)], from_process=0)
             for tensor in tensors:
                 dist.broadcast(tensor, src=0)
             sent = iter(tensors)
-            yield self._my_rows(recursively_apply(lambda _: next(sent), header, test_type=_is_spec))
+            batch = recursively_apply(lambda _: next(sent), header, test_type=_is_spec)
+            if kind == "first":
+                self._first_rows = _take_rows(batch, slice(0, self.num_processes))
+            else:
+                yield batch
         broadcast_object_list([None], from_process=0)  # the end of the pass, for everyone
 
     # -- every other process -------------------------------------------------------------------
@@ -159,30 +231,38 @@ class DispatchedDataLoader(PreparedDataLoader):
         while True:
             holder: list[Any] = [None]
             broadcast_object_list(holder, from_process=0)
-            header = holder[0]
-            if header is None:
+            if holder[0] is None:
                 return
+            kind, header = holder[0]
 
             def receive(spec: _TensorSpec) -> torch.Tensor:
                 tensor = torch.empty(spec.shape, dtype=spec.dtype, device=device)
                 dist.broadcast(tensor, src=0)
                 return tensor
 
-            yield self._my_rows(recursively_apply(receive, header, test_type=_is_spec))
+            batch = recursively_apply(receive, header, test_type=_is_spec)
+            if kind == "first":
+                self._first_rows = _take_rows(batch, slice(0, self.num_processes))
+            else:
+                yield batch
 
     # -- slicing -------------------------------------------------------------------------------
-    def _my_rows(self, batch: Any) -> Any:
-        """This process's contiguous share of a global batch (padded by cycling when it is short)."""
+    def _finish(self, batch: Any, last: bool) -> Any:
+        return super()._finish(self._my_rows(batch, last), last)
+
+    def _my_rows(self, batch: Any, last: bool) -> Any:
+        """This process's contiguous share of a global batch (see the class doc for the short last one)."""
         count, index = self.num_processes, self.process_index
         rows = _rows(batch)
-        self._last_remainder = 0
-        if self.even_batches and rows % count:
-            self._last_remainder = rows  # real samples in this padded batch: gather_for_metrics drops the rest
-            per_process = -(-rows // count)
-            batch = _take_rows(batch, [i % rows for i in range(per_process * count)])
-            wanted = slice(index * per_process, (index + 1) * per_process)
-        else:
-            wanted = slice(*share_bounds(rows, index, count))
+        if not self._drop_last and self._first_rows is None:
+            self._first_rows = _take_rows(batch, slice(0, count))
+        per_process = rows // count
+        if last:
+            self._last_rows = rows
+            if not self._drop_last and rows % count:
+                batch = _concatenate([batch, self._first_rows])
+                per_process += 1
+        wanted = slice(index * per_process, (index + 1) * per_process)
         if self.slice_fn is not None:
             return self.slice_fn(batch, wanted, process_index=index, num_processes=count)
         return _take_rows(batch, wanted)

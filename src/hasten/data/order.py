@@ -1,21 +1,36 @@
-"""The order in which an epoch visits a map-style dataset, as a pure function of (seed, epoch, position).
+"""The order in which one pass of a DataLoader visits a map-style dataset.
 
-`SampleOrder` replaces the DataLoader's sampler in `prepare`. It has three kinds:
+`SampleOrder` replaces a stock sampler in `prepare`. By default it draws
+exactly what Accelerate's prepared loader draws, from the same random number
+generators at the same moments, so the same seed gives every process the same
+samples in the same order as under Accelerate (and as the plain torch
+DataLoader on one process). Its kinds:
 
 - ``sequential``: position i is index i (a DataLoader without shuffle).
-- ``torch``: the DataLoader was given a ``generator``. Epoch e yields exactly
-  what the *unprepared* DataLoader yields on its e-th pass (torch draws one
-  base seed per pass, then ``randperm`` from that generator): a plain loop and
-  a hasten loop can be compared sample by sample. Like torch, this
-  materialises one permutation per epoch (8 bytes per sample).
-- ``keyed``: shuffle without a generator. A keyed Feistel bijection of
-  ``[0, n)`` (cycle-walking on the next power of four): any position is
-  computed on its own, in O(1) memory, so a loader over 1e9 samples starts at
-  once and a resume at batch k computes nothing for the k skipped batches.
+- ``global``: torch's `RandomSampler` without a generator on one process: at
+  the start of each pass one seed is drawn from torch's global RNG, and the
+  pass is ``randperm`` from a generator seeded with it.
+- ``torch``: a `RandomSampler` that draws from a generator object (the user's,
+  or, on several processes, the one `prepare` seeds from the global RNG and
+  makes equal on every process, as Accelerate does): each pass draws its
+  permutation from that generator, which advances from pass to pass.
+- ``seedable``: ``use_seedable_sampler=True``: pass e is ``randperm`` from a
+  generator seeded with ``seed + e`` (the seed: ``data_seed``, else torch's
+  initial seed).
+- ``keyed``: hasten's opt-in (``DataLoaderConfiguration(keyed_shuffle=True)``),
+  also used for a dataset too large for a permutation in memory: a keyed
+  Feistel bijection of ``[0, n)`` (cycle-walking on the next power of four).
+  Any position is computed on its own, in O(1) memory, so a loader over 1e9
+  samples starts at once. Its order differs from Accelerate's.
 
-Every kind supports `seek(position)` (the next pass starts there) and
-random access with `indices(start, stop)`; the state needed to resume is the
-seed (or generator state), the epoch and the position, see `state_dict`.
+The random kinds but ``keyed`` hold one permutation per pass (8 bytes per
+sample, where torch's sampler holds a Python list).
+
+Every kind supports `seek(position)` (the next pass starts there) and random
+access with `indices(start, stop)`. A checkpoint holds what replays the
+current pass exactly (the generator's state before the pass drew, or the
+seed it drew) and the generator's state now, see `state_dict`; a pass that
+continues a checkpointed one (`begin_pass(continuing=True)`) draws nothing.
 """
 
 from __future__ import annotations
@@ -26,8 +41,10 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["SampleOrder", "keyed_permutation"]
+__all__ = ["SampleOrder", "keyed_permutation", "PERMUTATION_LIMIT"]
 
+# Above this many samples a shuffled loader uses the keyed order (a permutation would take > 1 GiB); logged once.
+PERMUTATION_LIMIT = 1 << 27
 _MASK64 = (1 << 64) - 1
 _CHUNK = 4096  # positions computed per vectorised step while iterating
 _MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -82,7 +99,7 @@ def keyed_permutation(positions: np.ndarray, n: int, seed: int, epoch: int = 0, 
 
 
 class SampleOrder(Sampler[int]):
-    """Dataset indices of one epoch; which epoch and where to start are state (see module doc).
+    """Dataset indices of one pass; the pass, the epoch and where to start are state (see module doc).
 
     Example:
         >>> order = SampleOrder(6, kind="keyed", seed=0)
@@ -91,36 +108,39 @@ class SampleOrder(Sampler[int]):
         True
         >>> order.set_epoch(0); order.seek(4); list(order) == first[4:]
         True
+        >>> _ = torch.manual_seed(0); ours = list(SampleOrder(5, kind="global"))
+        >>> _ = torch.manual_seed(0); ours == list(torch.utils.data.RandomSampler(range(5)))
+        True
     """
 
-    KINDS = ("sequential", "torch", "keyed")
+    KINDS = ("sequential", "global", "torch", "seedable", "keyed")
 
     def __init__(
         self,
         num_items: int,
         kind: str = "sequential",
         seed: int = 0,
-        generator_state: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
         replacement: bool = False,
         num_samples: int | None = None,
     ) -> None:
         if kind not in self.KINDS:
             raise ValueError(f"SampleOrder kind must be one of {self.KINDS}, got {kind!r}.")
-        if kind == "torch" and generator_state is None:
-            raise ValueError("SampleOrder(kind='torch') needs the generator_state of the DataLoader's generator.")
+        if kind == "torch" and generator is None:
+            raise ValueError("SampleOrder(kind='torch') needs the generator the sampler draws from.")
         self.num_items = int(num_items)
         self.kind = kind
         self.seed = int(seed)
+        self.generator = generator
         self.replacement = bool(replacement)
         self._num_samples = num_samples
         self.epoch = 0
         self._start = 0
-        self._known_states: dict[int, torch.Tensor] = {}  # epoch -> generator state at its start (kind 'torch')
-        if generator_state is not None:
-            self._known_states[0] = generator_state.clone()
-        self._materialised: tuple[int, torch.Tensor] | None = None  # (epoch, indices) for kind 'torch'
+        self._permutation: torch.Tensor | None = None  # the current pass's indices (random kinds but keyed)
+        self._pass_seed: int | None = None  # kind 'global': the seed the current pass drew
+        self._pass_state: torch.Tensor | None = None  # kind 'torch': the generator's state before the pass drew
 
-    # -- sizes and epochs -------------------------------------------------------------
+    # -- sizes, epochs, passes ---------------------------------------------------------
     @property
     def num_samples(self) -> int:
         return self.num_items if self._num_samples is None else self._num_samples
@@ -129,6 +149,8 @@ class SampleOrder(Sampler[int]):
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self.epoch and self.kind in ("seedable", "keyed"):
+            self._permutation = None
         self.epoch = int(epoch)
 
     def seek(self, position: int) -> None:
@@ -137,51 +159,68 @@ class SampleOrder(Sampler[int]):
             raise ValueError(f"cannot start an epoch of {self.num_samples} samples at position {position}.")
         self._start = int(position)
 
-    # -- the generator stream of an unprepared DataLoader (kind 'torch') --------------
-    def epoch_start_state(self, epoch: int) -> torch.Tensor:
-        """The DataLoader generator's state when pass `epoch` begins (before torch draws its base seed)."""
-        if epoch in self._known_states:
-            return self._known_states[epoch]
-        known = max(e for e in self._known_states if e <= epoch)
-        for e in range(known, epoch):
-            self._draw_epoch(e)
-        return self._known_states[epoch]
+    def begin_pass(self, continuing: bool = False) -> None:
+        """A pass starts: a new one draws afresh when its indices are first needed; a continuing one replays."""
+        if continuing:
+            return
+        self._permutation = None
+        self._pass_seed = None
+        self._pass_state = None
 
-    def _draw_epoch(self, epoch: int) -> torch.Tensor:
-        """Replay pass `epoch` of torch's DataLoader + RandomSampler on a private generator."""
-        generator = torch.Generator()
-        generator.set_state(self.epoch_start_state(epoch))
-        torch.empty((), dtype=torch.int64).random_(generator=generator)  # the DataLoader's base seed
+    @property
+    def drawn(self) -> bool:
+        """Has the current pass made its draws (a checkpoint then holds what replays them)?"""
+        if self.kind == "global":
+            return self._pass_seed is not None
+        if self.kind == "torch":
+            return self._pass_state is not None
+        return False
+
+    # -- the permutation of the current pass (drawn as torch's RandomSampler draws it) ---------
+    def _draw(self, generator: torch.Generator) -> torch.Tensor:
         n, total = self.num_items, self.num_samples
         if self.replacement:  # RandomSampler draws in chunks of 32
             parts = [torch.randint(high=n, size=(32,), dtype=torch.int64, generator=generator) for _ in range(total // 32)]
             parts.append(torch.randint(high=n, size=(total % 32,), dtype=torch.int64, generator=generator))
+        elif n:
+            parts = [torch.randperm(n, generator=generator) for _ in range(total // n)]
+            parts.append(torch.randperm(n, generator=generator)[: total % n])
         else:
-            parts = [torch.randperm(n, generator=generator) for _ in range(total // n)] if n else []
-            parts.append(torch.randperm(n, generator=generator)[: total % n] if n else torch.empty(0, dtype=torch.int64))
-        self._known_states[epoch + 1] = generator.get_state()
-        if len(self._known_states) > 4:  # keep the first epoch and the latest few
-            for old in sorted(self._known_states)[1:-3]:
-                del self._known_states[old]
-        indices = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        self._materialised = (epoch, indices)
-        return indices
+            parts = []
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
-    def _torch_indices(self) -> torch.Tensor:
-        if self._materialised is None or self._materialised[0] != self.epoch:
-            return self._draw_epoch(self.epoch)
-        return self._materialised[1]
+    def _pass_indices(self) -> torch.Tensor:
+        if self._permutation is not None:
+            return self._permutation
+        if self.kind == "global":
+            if self._pass_seed is None:  # what RandomSampler draws from the global RNG at the start of a pass
+                self._pass_seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            generator = torch.Generator()
+            generator.manual_seed(self._pass_seed)
+        elif self.kind == "torch":
+            generator = self.generator  # type: ignore[assignment]
+            if self._pass_state is None:
+                self._pass_state = generator.get_state()
+            else:  # replaying a checkpointed pass: the generator ends where it was when that pass drew
+                generator.set_state(self._pass_state)
+        else:  # seedable
+            if self.generator is None:
+                self.generator = torch.Generator()
+            generator = self.generator
+            generator.manual_seed(self.seed + self.epoch)
+        self._permutation = self._draw(generator)
+        return self._permutation
 
     # -- positions -> indices ---------------------------------------------------------
     def indices(self, start: int, stop: int) -> list[int]:
-        """The dataset indices at positions ``[start, stop)`` of the current epoch."""
+        """The dataset indices at positions ``[start, stop)`` of the current pass."""
         stop = min(stop, self.num_samples)
         if stop <= start:
             return []
         if self.kind == "sequential":
             return [p % self.num_items for p in range(start, stop)] if self.num_items else []
-        if self.kind == "torch":
-            return self._torch_indices()[start:stop].tolist()
+        if self.kind != "keyed":
+            return self._pass_indices()[start:stop].tolist()
         positions = np.arange(start, stop, dtype=np.uint64)
         n = self.num_items
         if self.replacement:
@@ -201,8 +240,8 @@ class SampleOrder(Sampler[int]):
     def index_chunks(self) -> Iterator[Sequence[int]]:
         """One pass's indices in consecutive runs (what iterating yields one by one), from where a seek left it."""
         start, self._start = self._start, 0
-        if self.kind == "torch":
-            yield self._torch_indices()[start:].tolist()
+        if self.kind in ("global", "torch", "seedable"):
+            yield self._pass_indices()[start:].tolist()
             return
         if self.kind == "sequential" and self._num_samples is None:
             for chunk_start in range(start, self.num_items, _CHUNK):
@@ -213,10 +252,12 @@ class SampleOrder(Sampler[int]):
 
     # -- checkpoint state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """What replays the current pass and continues the generator's stream (tensors and plain values only)."""
         state: dict[str, Any] = {"kind": self.kind, "num_items": self.num_items, "num_samples": self.num_samples,
-                                 "replacement": self.replacement, "seed": self.seed}
+                                 "replacement": self.replacement, "seed": self.seed, "pass_seed": self._pass_seed}
         if self.kind == "torch":
-            state["generator_state"] = self.epoch_start_state(0)
+            state["generator_state"] = self.generator.get_state()  # type: ignore[union-attr]
+            state["pass_state"] = self._pass_state
         return state
 
     def check_state(self, state: dict[str, Any]) -> None:
@@ -230,9 +271,13 @@ class SampleOrder(Sampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_state(state)
         self.seed = int(state["seed"])
+        self._permutation = None
+        self._pass_seed = state.get("pass_seed")
+        self._pass_state = None
         if self.kind == "torch":
-            self._known_states = {0: state["generator_state"].clone()}
-            self._materialised = None
+            self.generator.set_state(state["generator_state"])  # type: ignore[union-attr]
+            pass_state = state.get("pass_state")
+            self._pass_state = None if pass_state is None else pass_state.clone()
 
     def __repr__(self) -> str:
         return f"SampleOrder(kind={self.kind!r}, num_items={self.num_items}, epoch={self.epoch})"

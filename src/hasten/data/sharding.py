@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterable, Iterator
 
+import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 
 from ..collectives import share_bounds
@@ -58,8 +59,13 @@ def _cycle_fill(indices: list[Any], source: list[Any], count: int) -> list[Any]:
     return indices + list(itertools.islice(itertools.cycle(source), count))
 
 
-class ShardedBatchSampler(Sampler[list[int]]):
-    """This process's batches of an inner batch sampler.
+class ShardedBatchSampler(BatchSampler):
+    """This process's batches of an inner batch sampler (the layout of Accelerate's `BatchSamplerShard`).
+
+    Every process gets the same number of batches of the same size unless
+    `even_batches` is False; the last global batch is completed with the
+    epoch's first samples. With `split_batches` each inner batch is cut into
+    `num_processes` parts of ``batch_size // num_processes``.
 
     Example:
         >>> inner = BatchSampler(range(10), batch_size=2, drop_last=False)
@@ -76,7 +82,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         process_index: int,
         split_batches: bool = False,
         even_batches: bool = True,
-    ) -> None:
+    ) -> None:  # (BatchSampler's own __init__ is not called: this one wraps another)
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
         self.process_index = process_index
@@ -141,13 +147,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         inner = len(self.batch_sampler)  # type: ignore[arg-type]
         n, r = self.num_processes, self.process_index
-        if self.split_batches:
-            if self.even_batches or self.drop_last or self.batch_size is None:
-                return inner
-            total = self.total_samples
-            last = 0 if total is None else total % self.batch_size
-            start, end = share_bounds(last, r, n)
-            return inner - 1 if last and start == end else inner
+        if self.split_batches:  # every process counts every inner batch (the short last one may leave some out)
+            return inner
         if self.drop_last:
             return inner // n
         if self.even_batches:
@@ -233,13 +234,12 @@ class ShardedBatchSampler(Sampler[list[int]]):
             full = size if size is not None else len(batch)
             if len(batch) < full and self.even_batches:
                 batch = _cycle_fill(batch, epoch_start, full - len(batch))
-            if len(batch) % n == 0:
-                share = len(batch) // n
-                yield batch[r * share : (r + 1) * share]
-            else:
+            if size is None:
                 start, end = share_bounds(len(batch), r, n)
-                if end > start:
-                    yield batch[start:end]
+            else:  # fixed parts of batch_size // n: a short last batch (even_batches=False) leaves the last ones out
+                start, end = r * (size // n), min(len(batch), (r + 1) * (size // n))
+            if end > start:
+                yield batch[start:end]
 
 
 class SkipBatchSampler(Sampler[list[int]]):
@@ -267,7 +267,12 @@ class SkipBatchSampler(Sampler[list[int]]):
 
 
 class IterableDatasetShard(IterableDataset):
-    """This process's items of an iterable dataset, read in groups of one global batch.
+    """This process's items of an iterable dataset, read in groups of one global batch (Accelerate's layout).
+
+    Each process reads the whole stream; of every `batch_size * num_processes`
+    items (`batch_size` with `split_batches`) it keeps its contiguous part.
+    Unless `drop_last`, a short last group is completed with the stream's
+    first items, so every process yields the same number of batches.
 
     Example:
         >>> list(IterableDatasetShard(range(7), batch_size=2, num_processes=2, process_index=1))
@@ -277,24 +282,23 @@ class IterableDatasetShard(IterableDataset):
     def __init__(
         self,
         dataset: Iterable[Any],
-        batch_size: int,
-        num_processes: int,
-        process_index: int,
-        split_batches: bool = False,
-        even_batches: bool = True,
+        batch_size: int = 1,
         drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
     ) -> None:
-        if split_batches and batch_size % num_processes:
+        if split_batches and batch_size > 1 and batch_size % num_processes:
             raise ValueError(
                 f"split_batches=True needs the DataLoader's batch_size ({batch_size}) to be a multiple of "
                 f"the number of processes ({num_processes})."
             )
         self.dataset = dataset
-        self.per_process = batch_size // num_processes if split_batches else batch_size
+        self.batch_size = batch_size
+        self.drop_last = drop_last
         self.num_processes = num_processes
         self.process_index = process_index
-        self.even_batches = even_batches
-        self.drop_last = drop_last
+        self.split_batches = split_batches
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -303,30 +307,26 @@ class IterableDatasetShard(IterableDataset):
             self.dataset.set_epoch(epoch)
 
     @property
-    def window(self) -> int:
-        """Items read per global batch."""
-        return self.per_process * self.num_processes
+    def per_process(self) -> int:
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
 
     @property
-    def padded_remainder(self) -> int:
-        """Real items in the padded last global batch (0 when unsized or not padded)."""
-        if not self.even_batches or self.drop_last or not hasattr(self.dataset, "__len__"):
-            return 0
-        return len(self.dataset) % self.window  # type: ignore[arg-type]
+    def window(self) -> int:
+        """Items read per global batch."""
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
 
     def __len__(self) -> int:
-        """Items this process yields per pass; only for datasets that have a length."""
+        """Items this process yields per pass, as Accelerate counts them (needs a dataset with a length)."""
         total = len(self.dataset)  # type: ignore[arg-type] # TypeError for unsized streams, like torch's
-        full, remaining = divmod(total, self.window)
-        if self.drop_last or not remaining:
-            return full * self.per_process
-        if self.even_batches:
-            return (full + 1) * self.per_process
-        start = self.process_index * self.per_process
-        return full * self.per_process + min(self.per_process, max(0, remaining - start))
+        groups = total // (self.batch_size * self.num_processes) if self.drop_last else \
+            -(-total // (self.batch_size * self.num_processes))
+        return groups * self.batch_size
 
     def __iter__(self) -> Iterator[Any]:
-        window = self.per_process * self.num_processes
+        generator = getattr(self.dataset, "generator", None)
+        if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
+            generator.manual_seed(self.epoch)  # a dataset shuffling with its own generator: one stream per epoch
+        window = self.window
         start, end = self.process_index * self.per_process, (self.process_index + 1) * self.per_process
         first: list[Any] = []
         buffer: list[Any] = []
@@ -339,9 +339,5 @@ class IterableDatasetShard(IterableDataset):
                 buffer = []
         if not buffer or self.drop_last:
             return
-        if self.even_batches:
-            buffer = _cycle_fill(buffer, first or list(buffer), window - len(buffer))
-            yield from buffer[start:end]
-        else:
-            yield from buffer[start:end]
-
+        buffer = _cycle_fill(buffer, first or list(buffer), window - len(buffer))
+        yield from buffer[start:end]
