@@ -68,11 +68,23 @@ def test_unsupported_and_unknown_arguments():
         Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(), DistributedDataParallelKwargs()])
 
 
-def test_two_accelerators_with_different_settings_coexist():
+def test_two_accelerators_keep_their_precision_and_share_the_gradient_state():
     a = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2)
-    b = Accelerator(cpu=True)
     assert (a.mixed_precision, a.gradient_accumulation_steps) == ("bf16", 2)
-    assert (b.mixed_precision, b.gradient_accumulation_steps) == ("no", 1)
+    b = Accelerator(cpu=True)
+    assert (a.mixed_precision, b.mixed_precision) == ("bf16", "no")
+    # As in Accelerate, the gradient state is one per process: the newest Accelerator's settings hold.
+    assert a.gradient_state is b.gradient_state or a.gradient_state.__dict__ is b.gradient_state.__dict__
+    assert a.gradient_accumulation_steps == b.gradient_accumulation_steps == 1
+
+
+def test_fp16_on_the_cpu_trains_in_full_precision_as_accelerate_does(monkeypatch):
+    monkeypatch.delenv("HASTEN_CPU_FP16", raising=False)
+    with pytest.warns(UserWarning, match="needs a GPU: on the CPU this run trains in full precision"):
+        accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+    assert accelerator.mixed_precision == "fp16" and accelerator.scaler is None
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    assert model(torch.ones(1, 2)).dtype == torch.float32
 
 
 def test_accumulation_equals_one_big_batch():
@@ -124,7 +136,7 @@ def test_scheduler_steps_once_per_optimizer_step():
     assert scheduler.scheduler.last_epoch == 4  # 8 micro-batches / 2
 
 
-def test_clip_grad_norm_only_on_sync_steps():
+def test_clip_grad_norm_clips_whenever_called_as_accelerate_does():
     acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model, optimizer, loader = make_run(acc, n=8, batch=4)
     norms = []
@@ -132,16 +144,16 @@ def test_clip_grad_norm_only_on_sync_steps():
         with acc.accumulate(model):
             acc.backward(torch.nn.functional.mse_loss(model(x), y) * 100)
             norms.append(acc.clip_grad_norm_(model.parameters(), 0.5))
-    assert norms[0] is None and norms[1] is not None and norms[1] > 0.5
-    total = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
-    assert total == pytest.approx(0.5, rel=1e-4)
+            total = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+            assert total == pytest.approx(0.5, rel=1e-4)  # the partial gradient of a non-sync step is clipped too
+    assert all(norm is not None and norm > 0.5 for norm in norms)
 
 
-def test_bf16_forward_is_autocast_and_outputs_not_recast():
+def test_bf16_forward_is_autocast_and_outputs_come_back_in_fp32():
     acc = Accelerator(cpu=True, mixed_precision="bf16")
     model = acc.prepare(torch.nn.Linear(4, 4))
     out = model(torch.randn(2, 4))
-    assert out.dtype == torch.bfloat16  # what autocast produced, no silent cast to fp32
+    assert out.dtype == torch.float32  # Accelerate's convert_outputs_to_fp32
     assert model.weight.dtype == torch.float32  # master weights stay fp32
     plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
     assert plain(torch.randn(2, 4)).dtype == torch.float32

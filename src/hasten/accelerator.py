@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -37,7 +38,7 @@ from .options import (
     split_kwargs_handlers,
 )
 from .saving import save as _save
-from .scheduler import AcceleratedScheduler
+from .scheduler import AcceleratedScheduler, SchedulerKwargs
 from .state import AcceleratorState, shutdown_process_group
 from .strategies import select_strategy
 
@@ -49,8 +50,6 @@ __all__ = ["Accelerator"]
 _UNSUPPORTED = {
     "megatron_lm_plugin": "Megatron-LM, which needs NVIDIA GPUs and the megatron-core package",
     "torch_tp_plugin": "the older tensor-parallel plugin (pass parallelism_config=ParallelismConfig(tp_size=...))",
-    "rng_types": ("re-synchronising global RNGs at every epoch (hasten's shuffles are already identical on every "
-                  "process; call hasten.utils.synchronize_rng_states(rng_types) yourself for equal dropout)"),
     "deepspeed_plugins": "several DeepSpeed plugins in one Accelerator (pass one as deepspeed_plugin=)",
 }
 
@@ -130,6 +129,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
         parallelism_config: Any = None,
         dynamo_backend: Any = None,
         dynamo_plugin: Any = None,
+        rng_types: list[Any] | None = None,
         **unsupported: Any,
     ) -> None:
         for name, value in unsupported.items():
@@ -142,7 +142,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
                 )
         spec = LaunchSpec.from_env()
         fsdp_plugin, deepspeed_plugin = _engine_plugins(fsdp_plugin, deepspeed_plugin, spec)
-        handlers = split_kwargs_handlers(kwargs_handlers)
+        scheduler_kwargs = next((h for h in kwargs_handlers or [] if isinstance(h, SchedulerKwargs)), SchedulerKwargs())
+        handlers = split_kwargs_handlers([h for h in kwargs_handlers or [] if not isinstance(h, SchedulerKwargs)])
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         self.state = AcceleratorState(cpu=cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
         self.device: torch.device = self.state.device
@@ -150,11 +151,19 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
         config = dataloader_config or DataLoaderConfiguration()
         self.split_batches = config.split_batches if split_batches is None else split_batches
         self.even_batches = config.even_batches if even_batches is None else even_batches
-        self.dispatch_batches = bool(config.dispatch_batches)
+        self.dispatch_batches = config.dispatch_batches  # None: iterable datasets are dispatched (Accelerate's default)
         self.device_placement = device_placement
         self.use_stateful_dataloader = config.use_stateful_dataloader
+        self.use_seedable_sampler = config.use_seedable_sampler
         self.data_seed = config.data_seed
+        self.keyed_shuffle = config.keyed_shuffle
+        if config.data_seed is not None and not (config.use_seedable_sampler or config.keyed_shuffle):
+            warnings.warn("DataLoaderConfiguration(data_seed=...) applies only with use_seedable_sampler=True (or "
+                          "keyed_shuffle=True), as in Accelerate; set one of them or drop data_seed.", stacklevel=2)
         self._non_blocking = config.non_blocking
+        # Every prepared loader makes these generators equal on all processes at the start of each pass.
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self._scheduler_once_per_step = scheduler_kwargs.once_per_optimizer_step
         self.dynamo_plugin = make_dynamo_plugin(dynamo_backend, dynamo_plugin)
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None and self.project_configuration.project_dir is None:
@@ -171,7 +180,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             plugin = GradientAccumulationPlugin(num_steps=steps)
         if not isinstance(plugin.num_steps, int) or plugin.num_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {plugin.num_steps!r}.")
-        self.gradient_state = GradientState(num_steps=plugin.num_steps, sync_with_dataloader=plugin.sync_with_dataloader)
+        self.gradient_state = GradientState(plugin)  # one per process, shared with every GradientState()
+        self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
 
         self.profile_handler: ProfileKwargs | None = handlers.get(ProfileKwargs)
@@ -398,21 +408,27 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             num_processes=data_groups,
             process_index=data_group,
             split_batches=self.split_batches,
-            even_batches=self.even_batches,
-            gradient_state=self.gradient_state,
-            device_placement=place,
-            data_seed=self.data_seed,
+            put_on_device=place,
+            rng_types=list(self.rng_types),
             dispatch_batches=self.dispatch_batches,
+            even_batches=self.even_batches,
+            use_seedable_sampler=self.use_seedable_sampler,
+            data_seed=self.data_seed,
+            non_blocking=self._non_blocking,
+            gradient_state=self.gradient_state,
+            keyed_shuffle=self.keyed_shuffle,
         )
         self._dataloaders.append(prepared)
         self._remember(data_loader, prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap the scheduler so it follows hasten's scheduler policy (see `hasten.scheduler`)."""
+        """Wrap the scheduler so it steps only with its optimizer, as Accelerate's does (see `hasten.scheduler`)."""
         self._refuse_prepared(scheduler)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
-        prepared = AcceleratedScheduler(scheduler, optimizers, self.gradient_state, self.step_scheduler_with_optimizer)
+        prepared = AcceleratedScheduler(scheduler, optimizers or list(self._optimizers), self.step_scheduler_with_optimizer,
+                                        self.split_batches, gradient_state=self.gradient_state,
+                                        num_processes=1 if self._scheduler_once_per_step else self.num_processes)
         self._schedulers.append(prepared)
         self._remember(scheduler, prepared)
         return prepared
@@ -493,9 +509,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the gradient norm (after unscaling under fp16). Returns the total norm.
 
-        On accumulation steps that do not synchronise it does nothing and
-        returns None: clipping a partial, unsynchronised gradient would change
-        the result.
+        As in Accelerate it clips whenever it is called, also on accumulation
+        steps that do not synchronise (clipping the partial gradient); guard
+        it with ``if accelerator.sync_gradients:`` to clip once per step.
 
         Example:
             >>> accelerator = Accelerator(cpu=True)
@@ -504,14 +520,10 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             >>> float(accelerator.clip_grad_norm_(model.parameters(), 1.0)) > 0
             True
         """
-        if not self.gradient_state.sync_gradients:
-            return None
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type, self._optimizers)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Clip each gradient element to [-clip_value, clip_value] (after unscaling under fp16)."""
-        if not self.gradient_state.sync_gradients:
-            return
         self.strategy.clip_grad_value_(parameters, clip_value, self._optimizers)
 
     @contextlib.contextmanager

@@ -168,7 +168,16 @@ class RuntimeHelpersMixin:
         """
         return DataLoaderConfiguration(split_batches=self.split_batches, even_batches=self.even_batches,
                                        non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader,
-                                       data_seed=self.data_seed, dispatch_batches=self.dispatch_batches)
+                                       data_seed=self.data_seed, dispatch_batches=self.dispatch_batches,
+                                       use_seedable_sampler=self.use_seedable_sampler, keyed_shuffle=self.keyed_shuffle)
+
+    @dataloader_config.setter
+    def dataloader_config(self, config: DataLoaderConfiguration) -> None:
+        # As in the peer, loaders prepared after the assignment follow the new configuration.
+        self.split_batches, self.even_batches = config.split_batches, config.even_batches
+        self.dispatch_batches, self._non_blocking = config.dispatch_batches, config.non_blocking
+        self.use_stateful_dataloader, self.data_seed = config.use_stateful_dataloader, config.data_seed
+        self.use_seedable_sampler, self.keyed_shuffle = config.use_seedable_sampler, config.keyed_shuffle
 
     @property
     def non_blocking(self) -> bool:
