@@ -13,6 +13,10 @@ import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
+# The fp16 code paths (autocast, GradScaler, skipped steps) are tested on this GPU-less machine through hasten's
+# opt-in CPU fp16; by default fp16 on the CPU trains in full precision, as under Accelerate (tests/parity unsets it).
+os.environ.setdefault("HASTEN_CPU_FP16", "1")
+
 
 def launch(script: str | Path, *script_args: str, num_processes: int = 2, launch_args: tuple[str, ...] = (),
            timeout: float = 120, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -1,15 +1,22 @@
 """Mixed precision policies: "no", "fp16" (autocast + GradScaler), "bf16" (autocast).
 
-The policy is chosen once from (precision, device). The model's forward is
-wrapped in autocast at `prepare` time; its outputs are returned exactly as
-autocast produced them (no silent cast to fp32): compute a loss outside the
-model inside `accelerator.autocast()` if you want it under the same policy.
+The policy is chosen once from (precision, device). As in Accelerate, the
+model's forward is wrapped at `prepare` time in autocast, and its fp16/bf16
+outputs are cast back to fp32 (so a loss computed outside the model is
+computed in fp32).
+
+fp16 on the CPU: Accelerate trains such a run in full precision (no autocast,
+no scaler) while `mixed_precision` still reads "fp16"; hasten does the same,
+and says so once. ``HASTEN_CPU_FP16=1`` opts in to real fp16 autocast with a
+CPU GradScaler (slow; meant for testing fp16 code paths without a GPU).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,9 +24,25 @@ import torch
 
 from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
 
-__all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported"]
+__all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32"]
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _is_half(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16)
+
+
+def convert_to_fp32(outputs: Any) -> Any:
+    """`outputs` with every fp16/bf16 tensor (in lists, tuples, dicts, model outputs) cast to fp32.
+
+    Example:
+        >>> convert_to_fp32({"logits": torch.ones(1, dtype=torch.bfloat16), "n": 1})["logits"].dtype
+        torch.float32
+    """
+    from .collectives import recursively_apply
+
+    return recursively_apply(lambda t: t.float(), outputs, test_type=_is_half)
 
 
 def check_precision_supported(precision: str, device_type: str, bf16_supported: bool | None = None) -> None:
@@ -81,7 +104,8 @@ class PrecisionPolicy:
         @functools.wraps(forward)
         def autocast_forward(*args: Any, **kwargs: Any) -> Any:
             with torch.autocast(device_type=device_type, dtype=dtype):
-                return forward(*args, **kwargs)
+                outputs = forward(*args, **kwargs)
+            return convert_to_fp32(outputs)
 
         autocast_forward.__wrapped_forward__ = forward  # type: ignore[attr-defined]
         return autocast_forward
@@ -118,10 +142,14 @@ def make_precision_policy(precision: str, device: torch.device, scaler_kwargs: d
     inf/NaN across processes (FSDP's `ShardedGradScaler`).
 
     Example:
-        >>> make_precision_policy("fp16", torch.device("cpu")).scaler is not None
-        True
+        >>> make_precision_policy("bf16", torch.device("cpu")).dtype
+        torch.bfloat16
     """
     check_precision_supported(precision, device.type)
+    if precision == "fp16" and device.type == "cpu" and os.environ.get("HASTEN_CPU_FP16", "") not in ("1", "true"):
+        warnings.warn("mixed_precision='fp16' needs a GPU: on the CPU this run trains in full precision, as under "
+                      "Accelerate (use 'bf16' for mixed precision on the CPU).", stacklevel=3)
+        return PrecisionPolicy(name=precision, device_type=device.type, dtype=None, scaler=None)
     dtype = _DTYPES.get(precision)
     scaler = None
     if precision == "fp16":
