@@ -289,6 +289,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             >>> accelerator = Accelerator(cpu=True)
             >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
         """
+        self.state._check_current("distributed_type")  # refuses after AcceleratorState._reset_state(), as the peer
         if device_placement is not None and len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object.")
         placement = device_placement or [None] * len(args)

@@ -22,7 +22,45 @@ __all__ = [
     "KwargsHandler",
     "PrecisionType",
     "RNGType",
+    "BaseEnum",
+    "EnumWithContains",
+    "ComputeEnvironment",
+    "SageMakerDistributedType",
+    "FP8BackendType",
+    "CustomDtype",
 ]
+
+
+class EnumWithContains(enum.EnumMeta):
+    """Enum metaclass for which `value in Enum` asks whether `value` names a member's value.
+
+    Example:
+        >>> "bf16" in PrecisionType, "fp4" in PrecisionType
+        (True, False)
+    """
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
+    """An enum whose `str()` is its value, with `list()` of every value (the peer's base for option enums).
+
+    Example:
+        >>> str(PrecisionType.BF16), PrecisionType.list()
+        ('bf16', ['no', 'fp8', 'fp16', 'bf16'])
+    """
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [str(member) for member in cls]
 
 
 class DistributedType(str, enum.Enum):
@@ -49,6 +87,59 @@ class DistributedType(str, enum.Enum):
     MULTI_MUSA = "MULTI_MUSA"
     MULTI_XPU = "MULTI_XPU"
     MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+
+
+class ComputeEnvironment(str, enum.Enum):
+    """Where the run's machines come from (a config file's `compute_environment`); hasten runs LOCAL_MACHINE only.
+
+    Example:
+        >>> ComputeEnvironment("LOCAL_MACHINE").name
+        'LOCAL_MACHINE'
+    """
+
+    LOCAL_MACHINE = "LOCAL_MACHINE"
+    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class SageMakerDistributedType(str, enum.Enum):
+    """SageMaker's data/model parallel libraries (kept for scripts that name them; hasten launches no SageMaker job).
+
+    Example:
+        >>> SageMakerDistributedType.NO == "NO"
+        True
+    """
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
+class FP8BackendType(str, enum.Enum):
+    """fp8 libraries by the peer's names (hasten does not train in fp8 yet: `mixed_precision="fp8"` is refused).
+
+    Example:
+        >>> FP8BackendType("AO").name
+        'AO'
+    """
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
+class CustomDtype(enum.Enum):
+    """Sizes below one byte that `infer_auto_device_map`'s `special_dtypes` may name.
+
+    Example:
+        >>> CustomDtype.INT4.value
+        'int4'
+    """
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
 
 
 class _KwargsHandler:
@@ -67,7 +158,7 @@ class _KwargsHandler:
 KwargsHandler = _KwargsHandler  # the peer's public name for the base class
 
 
-class PrecisionType(str, enum.Enum):
+class PrecisionType(str, BaseEnum):
     """The mixed precision choices, as an enum (the strings are what `mixed_precision` takes).
 
     Example:
@@ -81,7 +172,7 @@ class PrecisionType(str, enum.Enum):
     BF16 = "bf16"
 
 
-class RNGType(str, enum.Enum):
+class RNGType(str, BaseEnum):
     """Random number generators a script may ask to synchronise (`synchronize_rng_states`).
 
     Example:
@@ -98,10 +189,11 @@ class RNGType(str, enum.Enum):
     XLA = "xla"
     XPU = "xpu"
     HPU = "hpu"
+    NEURON = "neuron"
     GENERATOR = "generator"
 
 
-class DDPCommunicationHookType(str, enum.Enum):
+class DDPCommunicationHookType(str, BaseEnum):
     """torch DDP communication hooks that `DistributedDataParallelKwargs(comm_hook=...)` registers.
 
     Example:
@@ -116,7 +208,7 @@ class DDPCommunicationHookType(str, enum.Enum):
     BATCHED_POWER_SGD = "batched_power_sgd"
 
 
-class DynamoBackend(str, enum.Enum):
+class DynamoBackend(str, BaseEnum):
     """`torch.compile` backends by the peer's names (`NO` = do not compile).
 
     Example:
@@ -136,8 +228,11 @@ class DynamoBackend(str, enum.Enum):
     ONNXRT = "ONNXRT"
     TENSORRT = "TENSORRT"
     IPEX = "IPEX"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
     TVM = "TVM"
     HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
 
 
 @dataclass
@@ -223,6 +318,10 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     # load_state also restores each prepared loader's position: the next pass yields the rest of the epoch
     use_stateful_dataloader: bool = False
+    # hasten's opt-in: shuffle with its keyed O(1)-memory order (seed data_seed, else torch's initial seed). It starts a
+    # 1e9-sample loader at once but visits samples in another order than Accelerate. Datasets over 2**27 samples use it
+    # anyway (a permutation would not fit comfortably in memory); the log says so once.
+    keyed_shuffle: bool = False
 
 
 @dataclass
@@ -318,10 +417,6 @@ class InitProcessGroupKwargs(_KwargsHandler):
     """
 
     backend: str | None = None
-    # hasten's opt-in: shuffle with its keyed O(1)-memory order (seed data_seed, else torch's initial seed). It starts a
-    # 1e9-sample loader at once but visits samples in another order than Accelerate. Datasets over 2**27 samples use it
-    # anyway (a permutation would not fit comfortably in memory); the log says so once.
-    keyed_shuffle: bool = False
     init_method: str | None = None
     timeout: timedelta | None = None
 

@@ -301,16 +301,47 @@ class PartialState:
         """Barrier, then destroy the process group (safe to call more than once)."""
         shutdown_process_group(success=True)
 
-    @staticmethod
-    def _reset_state() -> None:
-        """Forget shared state between tests; a no-op here: each `PartialState` holds its own settings.
+    @property
+    def distributed_type(self) -> Any:
+        """The kind of run, as the peer reports it from `PartialState()`.
 
-        The process group, the one process-wide resource, is left alone (use
-        `destroy_process_group` to leave it).
+        Before any Accelerator: NO for one process, DEEPSPEED when launched
+        with DeepSpeed, else MULTI_GPU (CUDA) or MULTI_CPU. Once an Accelerator
+        exists: what it chose (e.g. FSDP), until `PartialState._reset_state()`.
 
         Example:
-            >>> PartialState._reset_state()
+            >>> PartialState(cpu=True).distributed_type.value
+            'NO'
         """
+        return _partial_facts.get("distributed_type") or self._launched_type()
+
+    @distributed_type.setter
+    def distributed_type(self, value: Any) -> None:
+        _partial_facts["distributed_type"] = value
+
+    def _launched_type(self) -> Any:
+        """The distributed type the environment alone implies (no Accelerator asked yet)."""
+        from .options import DistributedType
+
+        if LaunchSpec.from_env().deepspeed is not None:
+            return DistributedType.DEEPSPEED
+        if not self.use_distributed:
+            return DistributedType.NO
+        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget what Accelerators told every `PartialState` (its distributed type): the peer's test reset.
+
+        Each `PartialState` holds its own settings, so a new one reads the
+        environment again; the process group, the one process-wide
+        resource, is left alone (use `destroy_process_group` to leave it).
+
+        Example:
+            >>> PartialState._reset_state(); PartialState(cpu=True).distributed_type.value
+            'NO'
+        """
+        _partial_facts.clear()
 
     def __repr__(self) -> str:
         t = self.topology
@@ -322,7 +353,13 @@ class PartialState:
 
 # What the newest Accelerator of this process decided (strategy, precision, plugins): the facts
 # `AcceleratorState()` reports when third-party code creates one on its own, as peer libraries do.
+# Two levels, as in the peer: `AcceleratorState._reset_state()` forgets `_run_facts` only; an
+# Accelerator also tells `PartialState` its distributed type (`_partial_facts`).
 _run_facts: dict[str, Any] = {}
+_partial_facts: dict[str, Any] = {}
+
+_STALE = ("`AcceleratorState` object has no attribute `{name}`. This happens if `AcceleratorState._reset_state()` "
+          "was called and an `Accelerator` or `PartialState` was not reinitialized; create a new `Accelerator`.")
 
 
 class AcceleratorState(PartialState):
@@ -351,21 +388,41 @@ class AcceleratorState(PartialState):
         if reset_partial_state:
             PartialState._reset_state()
 
+    _owned = False  # True for an Accelerator's own state (which breaks, as the peer's does, after a reset)
+
     def _record(self, **facts: Any) -> None:
         """Called once by the Accelerator that owns this state, after choosing its strategy."""
         _run_facts.clear()
         _run_facts.update(facts)
+        _partial_facts["distributed_type"] = facts.get("distributed_type")
+        self._owned = True
+
+    def _check_current(self, name: str) -> None:
+        """An Accelerator's state after `AcceleratorState._reset_state()` (and before a new Accelerator) refuses use."""
+        if self._owned and not _run_facts:
+            raise AttributeError(_STALE.format(name=name))
 
     def _fact(self, name: str, default: Any = None) -> Any:
+        self._check_current(name)
         return _run_facts.get(name, default)
 
     @property
     def distributed_type(self) -> Any:
-        from .options import DistributedType
+        """What the newest Accelerator chose (settable, as in the peer); the environment's kind before one exists.
 
-        default = DistributedType.NO if not self.use_distributed else (
-            DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU)
-        return self._fact("distributed_type", default)
+        Example:
+            >>> from hasten import Accelerator, DistributedType
+            >>> state = Accelerator(cpu=True).state
+            >>> state.distributed_type = DistributedType.FSDP; state.distributed_type.value
+            'FSDP'
+            >>> AcceleratorState._reset_state(True)
+        """
+        return self._fact("distributed_type") or PartialState.distributed_type.fget(self)
+
+    @distributed_type.setter
+    def distributed_type(self, value: Any) -> None:
+        self._check_current("distributed_type")
+        _run_facts["distributed_type"] = value
 
     @property
     def mixed_precision(self) -> str:
@@ -402,6 +459,22 @@ class AcceleratorState(PartialState):
     def __repr__(self) -> str:
         return (f"AcceleratorState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision!r})")
+
+
+def _guarded(name: str) -> property:
+    """A `PartialState` property that, on an Accelerator's state, first checks the state was not reset."""
+    base = getattr(PartialState, name)
+
+    def get(self: AcceleratorState) -> Any:
+        self._check_current(name)
+        return base.fget(self)
+
+    return property(get, doc=base.__doc__)
+
+
+for _name in ("num_processes", "process_index", "local_process_index", "use_distributed", "is_main_process",
+              "is_local_main_process", "is_last_process"):
+    setattr(AcceleratorState, _name, _guarded(_name))
 
 
 def is_initialized() -> bool:

@@ -12,6 +12,7 @@ from .operations import (
     broadcast_object_list,
     concatenate,
     convert_to_fp32,
+    copy_tensor_to_devices,
     find_batch_size,
     gather,
     gather_object,
@@ -28,6 +29,10 @@ from .operations import (
 )
 from .dataclasses import (
     AutocastKwargs,
+    ComputeEnvironment,
+    CustomDtype,
+    FP8BackendType,
+    SageMakerDistributedType,
     DDPCommunicationHookType,
     DynamoBackend,
     KwargsHandler,
@@ -37,6 +42,7 @@ from .dataclasses import (
     TorchDynamoPlugin,
 )
 from .environment import (
+    check_cuda_fp8_capability,
     clear_environment,
     convert_dict_to_env_variables,
     get_int_from_env,
@@ -62,6 +68,7 @@ from .other import (
     write_basic_config,
 )
 from .random import synchronize_rng_state, synchronize_rng_states
+from .tqdm import tqdm
 from .versions import compare_versions, is_torch_version
 from ..checkpointing.constants import (
     MODEL_NAME,
@@ -103,6 +110,13 @@ __all__ = [
     "send_to_device",
     "concatenate",
     "convert_to_fp32",
+    "copy_tensor_to_devices",
+    "tqdm",
+    "check_cuda_fp8_capability",
+    "ComputeEnvironment",
+    "CustomDtype",
+    "FP8BackendType",
+    "SageMakerDistributedType",
     "find_batch_size",
     "honor_type",
     "ignorant_find_batch_size",

@@ -17,6 +17,12 @@ from typing import Any
 from ..checkpointing.project import ProjectConfiguration
 from ..options import (
     AutocastKwargs,
+    BaseEnum,
+    ComputeEnvironment,
+    CustomDtype,
+    EnumWithContains,
+    FP8BackendType,
+    SageMakerDistributedType,
     DataLoaderConfiguration,
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
@@ -37,7 +43,8 @@ __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DistributedDataParallelKwargs",
     "DistributedType", "DynamoBackend", "GradientAccumulationPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
     "KwargsHandler", "LoggerType", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
-    "TorchDynamoPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin",
+    "TorchDynamoPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "BaseEnum", "ComputeEnvironment",
+    "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType",
 ]
 
 _LAZY = {"FullyShardedDataParallelPlugin": "..fsdp_plugin", "DeepSpeedPlugin": "..deepspeed_plugin"}

@@ -14,7 +14,7 @@ import contextlib
 import os
 from typing import Any, Iterator
 
-__all__ = ["clear_environment", "convert_dict_to_env_variables", "get_int_from_env", "parse_choice_from_env",
+__all__ = ["check_cuda_fp8_capability", "clear_environment", "convert_dict_to_env_variables", "get_int_from_env", "parse_choice_from_env",
            "parse_flag_from_env", "patch_environment", "str_to_bool"]
 
 
@@ -117,3 +117,18 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def check_cuda_fp8_capability() -> bool:
+    """True when the first visible NVIDIA GPU can compute in fp8 (compute capability 8.9 or newer).
+
+    Asks nvidia-smi, so CUDA is not initialised; False without a GPU.
+
+    Example:
+        >>> isinstance(check_cuda_fp8_capability(), bool)
+        True
+    """
+    from ..launch.gpus import gpu_compute_capabilities
+
+    capabilities = gpu_compute_capabilities()
+    return bool(capabilities) and capabilities[0] >= (8, 9)

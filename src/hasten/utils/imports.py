@@ -30,6 +30,7 @@ __all__ = [
     "is_transformers_available", "is_triton_available", "is_wandb_available", "is_weights_only_available",
     "is_xpu_available", "is_bnb_available", "is_4bit_bnb_available", "is_8bit_bnb_available",
     "is_lomo_available", "is_rocm_available", "is_import_timer_available", "is_neuron_available", "is_xccl_available",
+    "is_habana_gaudi1", "is_transformer_engine_mxfp8_available",
 ]
 
 
@@ -102,6 +103,21 @@ is_pippy_available = _never("is_pippy_available", "hasten uses torch.distributed
 is_ipex_available = _never("is_ipex_available", "hasten does not use Intel Extension for PyTorch")
 for _name in ("mlu", "sdaa", "musa", "npu", "hpu", "neuron"):
     globals()[f"is_{_name}_available"] = _never(f"is_{_name}_available", f"hasten has no {_name.upper()} backend")
+is_habana_gaudi1 = _never("is_habana_gaudi1", "hasten has no HPU (Gaudi) backend")
+
+
+def is_transformer_engine_mxfp8_available() -> bool:
+    """True when NVIDIA Transformer Engine is installed and says this GPU can compute in MXFP8.
+
+    Example:
+        >>> isinstance(is_transformer_engine_mxfp8_available(), bool)
+        True
+    """
+    if not is_transformer_engine_available():
+        return False
+    from transformer_engine.pytorch.fp8 import check_mxfp8_support  # the engine's own check
+
+    return bool(check_mxfp8_support()[0])
 
 
 def is_torch_distributed_available() -> bool:

@@ -27,6 +27,7 @@ __all__ = [
     "broadcast_object_list",
     "concatenate",
     "convert_to_fp32",
+    "copy_tensor_to_devices",
     "find_batch_size",
     "gather",
     "gather_object",
@@ -232,3 +233,30 @@ def convert_to_fp32(tensor: Any) -> Any:
                              test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16))
 
 
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Give every process the tensor that exactly one process holds (the others pass None).
+
+    Unlike `broadcast`, the receiving processes need not know its shape or
+    dtype. On a single process the tensor is returned as is.
+
+    Example:
+        >>> copy_tensor_to_devices(torch.tensor([1, 2, 3]))
+        tensor([1, 2, 3])
+    """
+    if not collectives._distributed():
+        if tensor is None:
+            raise ValueError("copy_tensor_to_devices got None on the only process; pass the tensor to copy.")
+        return tensor
+    described = collectives.gather_object([None if tensor is None else (tuple(tensor.shape), tensor.dtype)])
+    holders = [rank for rank, info in enumerate(described) if info is not None]
+    if len(holders) != 1:
+        raise ValueError(f"copy_tensor_to_devices needs the tensor on exactly one process but {len(holders)} passed "
+                         "one; pass None on every other process.")
+    if tensor is None:
+        from ..state import PartialState
+
+        shape, dtype = described[holders[0]]
+        tensor = torch.empty(shape, dtype=dtype, device=PartialState().device)
+    return collectives.broadcast(tensor, from_process=holders[0])
