@@ -12,9 +12,10 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
-__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MIXED_PRECISION_CHOICES", "fp8_problem"]
+__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MIXED_PRECISION_CHOICES", "fp8_problem", "RESTART_COUNT_VAR"]
 
 SPEC_ENV_VAR = "HASTEN_LAUNCH_SPEC"
+RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torch's elastic agent for the attempt it started
 # The one list of mixed precision choices (flags, config files, Accelerator); "fp8" is refused by `fp8_problem`.
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 
@@ -34,6 +35,34 @@ def fp8_problem() -> str:
     return "mixed_precision='fp8' training is not built into this hasten version yet; use mixed_precision='bf16'."
 
 
+# Accelerate's variable -> the config field it carries (FSDPConfig / DeepSpeedConfig in hasten.config).
+_FSDP_VARIABLES = {
+    "FSDP_VERSION": "fsdp_version", "FSDP_SHARDING_STRATEGY": "fsdp_sharding_strategy",
+    "FSDP_RESHARD_AFTER_FORWARD": "fsdp_reshard_after_forward", "FSDP_OFFLOAD_PARAMS": "fsdp_offload_params",
+    "FSDP_MIN_NUM_PARAMS": "fsdp_min_num_params", "FSDP_AUTO_WRAP_POLICY": "fsdp_auto_wrap_policy",
+    "FSDP_TRANSFORMER_CLS_TO_WRAP": "fsdp_transformer_layer_cls_to_wrap",
+    "FSDP_BACKWARD_PREFETCH": "fsdp_backward_prefetch", "FSDP_STATE_DICT_TYPE": "fsdp_state_dict_type",
+    "FSDP_FORWARD_PREFETCH": "fsdp_forward_prefetch", "FSDP_USE_ORIG_PARAMS": "fsdp_use_orig_params",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": "fsdp_cpu_ram_efficient_loading",
+    "FSDP_SYNC_MODULE_STATES": "fsdp_sync_module_states",
+    "FSDP_ACTIVATION_CHECKPOINTING": "fsdp_activation_checkpointing",
+}
+_DEEPSPEED_VARIABLES = {
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "gradient_accumulation_steps",
+    "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "offload_optimizer_device",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "offload_param_device",
+    "ACCELERATE_DEEPSPEED_ZERO3_INIT": "zero3_init_flag", "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "zero3_save_16bit_model",
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE": "deepspeed_config_file",
+    "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": "deepspeed_moe_layer_cls_names",
+}
+
+
+def _env_value(value: object) -> str:
+    """A config value as Accelerate writes it into the environment (booleans in lower case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What `hasten launch` decided, as seen by each process.
@@ -50,6 +79,9 @@ class LaunchSpec:
     gradient_accumulation_steps: int | None = None
     deepspeed: dict | None = None  # DeepSpeedConfig fields, when the run uses DeepSpeed
     fsdp: dict | None = None  # FSDPConfig fields, when the run uses FSDP
+    # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
+    restart_count: int = 0
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION_CHOICES:
@@ -61,6 +93,49 @@ class LaunchSpec:
 
     def to_env(self) -> dict[str, str]:
         return {SPEC_ENV_VAR: json.dumps(asdict(self), sort_keys=True)}
+
+    def peer_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The variables Accelerate's launcher exports, with the same meaning, derived from this spec (the one place).
+
+        Scripts and libraries written for the peer read them (the precision,
+        whether FSDP/DeepSpeed is on, the elastic restart count); hasten
+        itself reads only the spec. `env` is the process's environment: the
+        elastic agent's own restart count is added to this spec's, so a
+        script sees ``TORCHELASTIC_RESTART_COUNT=1`` after one restart,
+        whoever restarted the group.
+
+        Example:
+            >>> LaunchSpec(mixed_precision="bf16", restart_count=1).peer_env({})["TORCHELASTIC_RESTART_COUNT"]
+            '1'
+        """
+        env = os.environ if env is None else env
+        out = {
+            "ACCELERATE_MIXED_PRECISION": self.mixed_precision or "no",
+            "ACCELERATE_USE_CPU": str(self.cpu),
+            # hasten launch never compiles the model itself (a script passes dynamo_backend to its Accelerator)
+            "ACCELERATE_DYNAMO_BACKEND": "NO",
+            "ACCELERATE_DYNAMO_MODE": "default",
+            "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+            "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+            "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
+        }
+        if self.debug:
+            out["ACCELERATE_DEBUG_MODE"] = "true"
+        if self.gradient_accumulation_steps is not None:
+            out["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(self.gradient_accumulation_steps)
+        if self.fsdp is not None:
+            out["ACCELERATE_USE_FSDP"] = "true"
+            out.update({name: _env_value(self.fsdp.get(key)) for name, key in _FSDP_VARIABLES.items()
+                        if self.fsdp.get(key) is not None})
+        if self.deepspeed is not None:
+            out["ACCELERATE_USE_DEEPSPEED"] = "true"
+            out.update({name: _env_value(self.deepspeed.get(key)) for name, key in _DEEPSPEED_VARIABLES.items()
+                        if self.deepspeed.get(key) is not None})
+        for name, ours in ((RESTART_COUNT_VAR, self.restart_count), ("TORCHELASTIC_MAX_RESTARTS", self.max_restarts)):
+            if name in env or ours:
+                agent = env.get(name, "0")
+                out[name] = str((int(agent) if agent.isdigit() else 0) + ours)
+        return out
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "LaunchSpec":

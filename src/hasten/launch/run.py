@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -82,6 +83,9 @@ def _run_torchrun(plan: LaunchPlan, run_dir: str, board_dir: str | None) -> int:
             os.unlink(progress)
         if board_dir is not None:
             host_board.empty(board_dir)  # the words of a failed attempt must not meet the next one's
+        # The script sees TORCHELASTIC_RESTART_COUNT count this launcher's restarts too (as under torchrun's own).
+        os.environ.update(dataclasses.replace(plan.spec, restart_count=attempt - 1,
+                                              max_restarts=plan.restarts_by_launcher).to_env())
         # torchrun keeps per-run error files in a directory it never removes; give it one we do.
         log_dir = tempfile.mkdtemp(prefix="attempt-", dir=run_dir)
         try:

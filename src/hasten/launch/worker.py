@@ -20,7 +20,7 @@ from types import TracebackType
 
 from .failures import is_peer_lost
 
-__all__ = ["main", "run_target", "record_failure", "exit_now", "exit_cleanly", "leave_process_group", "die_with_launcher"]
+__all__ = ["main", "export_peer_environment", "run_target", "record_failure", "exit_now", "exit_cleanly", "leave_process_group", "die_with_launcher"]
 
 _HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
@@ -139,6 +139,14 @@ def die_with_launcher() -> None:
         arm_parent_death_signal(os.getppid())
 
 
+def export_peer_environment() -> None:
+    """Add the variables Accelerate's launcher would export (derived from the launch spec) for the script to read."""
+    from hasten.launch_spec import SPEC_ENV_VAR, LaunchSpec
+
+    if os.environ.get(SPEC_ENV_VAR):
+        os.environ.update(LaunchSpec.from_env().peer_env())
+
+
 def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
     """Run the target on this rank; with `exit_when_done` a finished rank ends through `exit_cleanly`."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -150,6 +158,7 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
         sys.stderr.write("usage: python -m hasten.launch.worker [--module] TARGET [ARGS...]\n")
         return 2
     target, args = argv[0], argv[1:]
+    export_peer_environment()
     try:
         run_target(target, args, module=module)
     except SystemExit as stop:
