@@ -3,7 +3,10 @@
 - `constants.py`: the file names inside a checkpoint (Accelerate's).
 - `project.py`: `ProjectConfiguration`, automatic naming, finding the newest complete checkpoint, rotation.
 - `commit.py`: staging, fsync, manifest last, atomic rename; checks before loading.
-- `state.py`: what a checkpoint holds; save and load for an `Accelerator` (strategies supply model state).
+- `state.py`: what a checkpoint holds; what saving and loading share (names, formats, agreement, reading pickles).
+- `save.py`: saving, by every process together or by the main process alone (`handshake.py` finds out which).
+- `load.py`: read and check everything, agree, then apply; `foreign.py`: folders written by Accelerate itself.
+- `jsonable.py`: loader positions as JSON in the manifest (so the files are Accelerate's, plus the manifest).
 - `rng.py`: every RNG of a process as weights_only-loadable values.
 - `model_files.py`: `save_model`'s sharded safetensors + index (`load_checkpoint_in_model`, from `big_modeling.loading`).
 - `preemption.py`: signals -> an agreed checkpoint at a batch boundary; progress for restarts.

@@ -99,7 +99,15 @@ class CheckpointingMixin:
         Without `output_dir`, automatic checkpoint naming writes
         ``project_dir/checkpoints/checkpoint_<iteration>`` and, with
         `total_limit`, removes the oldest complete ones after the new one is
-        complete. Every process must call it.
+        complete. The files have Accelerate's names, plus hasten's manifest
+        ``hasten_checkpoint.json`` (written last: the checkpoint is complete).
+
+        Call it on every process — or, as Accelerate allows, on the main
+        process only (``if accelerator.is_main_process:``): with one process
+        or DDP the main process then saves everything it holds without
+        waiting for the others (they keep their own RNG states when loading);
+        under FSDP or DeepSpeed, whose state is sharded, that call fails
+        within seconds saying so.
 
         Example:
             >>> import tempfile
@@ -111,11 +119,12 @@ class CheckpointingMixin:
         if save_model_func_kwargs:
             raise TypeError(f"save_state got unexpected keyword arguments {sorted(save_model_func_kwargs)}; "
                             "hasten's save_state takes output_dir and safe_serialization.")
-        from .state import save_checkpoint
+        from .save import save_checkpoint
 
         return str(save_checkpoint(self, None if output_dir is None else os.fspath(output_dir), safe_serialization))
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **load_model_func_kwargs: Any) -> str | None:
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, load_kwargs: dict[str, Any] | None = None,
+                   **load_model_func_kwargs: Any) -> str | None:
         """Restore everything `save_state` saved; checks the whole checkpoint before changing anything.
 
         Without `input_dir`, automatic checkpoint naming loads the newest
@@ -126,6 +135,13 @@ class CheckpointingMixin:
         also resume their position: the next pass yields the rest of the
         interrupted epoch. Returns the directory loaded.
 
+        A folder written by Accelerate's own `save_state` loads too (weights,
+        optimizer, scheduler, scaler, registered objects, RNG states), so a run
+        can switch libraries between two saves. Pickled files are read with
+        ``weights_only=True``; for a checkpoint you trust that holds other
+        Python objects, pass ``load_kwargs={"weights_only": False}`` (as
+        under Accelerate). ``map_location`` is accepted and not needed.
+
         Example:
             >>> import tempfile
             >>> from hasten import Accelerator
@@ -135,13 +151,15 @@ class CheckpointingMixin:
             >>> accelerator.load_state(path) == path
             True
         """
+        load_model_func_kwargs.pop("map_location", None)  # hasten reads to the CPU and copies into place
         if load_model_func_kwargs:
             raise TypeError(f"load_state got unexpected keyword arguments {sorted(load_model_func_kwargs)}; "
-                            "hasten's load_state takes input_dir only.")
-        from .state import load_checkpoint
+                            "hasten's load_state takes input_dir, load_kwargs and map_location.")
+        from .load import load_checkpoint
 
         path = load_checkpoint(self, None if input_dir is None else os.fspath(input_dir),
-                               on_missing_rng=lambda message: print(f"hasten: {message}", flush=True))
+                               on_missing_rng=lambda message: print(f"hasten: {message}", flush=True),
+                               load_kwargs=load_kwargs)
         if input_dir is None:  # automatic resume: say what happened
             if path is None:
                 self.state.print(f"hasten: no checkpoint yet under {self.project_configuration.project_dir}; "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "read_manifest",
     "resolve_complete",
     "check_files",
+    "is_accelerate_checkpoint",
 ]
 
 FORMAT = "hasten-checkpoint"
@@ -49,6 +51,24 @@ def _previous_path(target: Path) -> Path:
 
 def is_checkpoint(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file()
+
+
+# The files and folders Accelerate's save_state writes (names as in `constants`), any one of which marks its folders.
+_ACCELERATE_NAMES = re.compile(r"^(random_states_\d+\.pkl|model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|"
+                               r"(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin|custom_checkpoint_\d+\.pkl|"
+                               r"scaler\.pt|pytorch_model(_fsdp)?(_\d+)?|optimizer_\d+)$")
+
+
+def is_accelerate_checkpoint(path: Path) -> bool:
+    """A folder written by Accelerate's save_state (no hasten manifest, Accelerate's file names).
+
+    Example:
+        >>> is_accelerate_checkpoint(Path("/nonexistent"))
+        False
+    """
+    if not path.is_dir() or is_checkpoint(path):
+        return False
+    return any(_ACCELERATE_NAMES.match(entry.name) for entry in path.iterdir())
 
 
 def begin_staging(target: Path) -> Path:
@@ -100,7 +120,7 @@ def publish(staging: Path, target: Path) -> None:
 
 def resolve_complete(target: Path) -> Path:
     """`target` if it is a complete checkpoint; the copy it replaced if a save was killed mid-rename; else an error."""
-    if is_checkpoint(target):
+    if is_checkpoint(target) or is_accelerate_checkpoint(target):
         return target
     previous = _previous_path(target)
     if not target.exists() and is_checkpoint(previous):
@@ -113,8 +133,8 @@ def resolve_complete(target: Path) -> Path:
             )
         raise CheckpointError(f"no checkpoint at {target}: the directory does not exist; check the path.")
     raise CheckpointError(
-        f"{target} is not a complete hasten checkpoint: it has no {MANIFEST_NAME}, which save_state writes last "
-        "(the save was interrupted, or another tool wrote this directory); pass a directory written by save_state."
+        f"{target} is not a complete hasten checkpoint: it has no {MANIFEST_NAME}, which save_state writes last, and "
+        "none of the files of an Accelerate checkpoint; pass a directory written by save_state."
     )
 
 

@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .commit import is_accelerate_checkpoint
 from .constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, MANIFEST_NAME
 
 __all__ = ["ProjectConfiguration", "checkpoints_root", "list_checkpoints", "latest_checkpoint", "rotate_checkpoints"]
@@ -62,13 +63,18 @@ _NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
 
 def list_checkpoints(root: Path, complete_only: bool = True) -> list[tuple[int, Path]]:
-    """(iteration, path) of the checkpoints under `root`, oldest first; by default only complete ones."""
+    """(iteration, path) of the checkpoints under `root`, oldest first; by default only complete ones.
+
+    Complete: published by hasten (it has the manifest), or written by Accelerate (its files, no manifest), so
+    a run that switches from Accelerate resumes from Accelerate's newest checkpoint.
+    """
     if not root.is_dir():
         return []
     found = []
     for entry in root.iterdir():
         match = _NAME.match(entry.name)
-        if match and entry.is_dir() and (not complete_only or (entry / MANIFEST_NAME).is_file()):
+        if match and entry.is_dir() and (not complete_only or (entry / MANIFEST_NAME).is_file()
+                                         or is_accelerate_checkpoint(entry)):
             found.append((int(match.group(1)), entry))
     return sorted(found)
 

@@ -54,6 +54,8 @@ class Strategy:
     requires_joint_setup: ClassVar[bool] = False
     #: True when the strategy writes models and optimizers into checkpoints itself (sharded files).
     writes_own_checkpoint_files: ClassVar[bool] = False
+    #: True when saving needs every process (state gathered or sharded); False: the main process holds it all.
+    state_needs_every_process: ClassVar[bool] = False
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy | None = None) -> None:
         self.device = device

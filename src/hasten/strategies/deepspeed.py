@@ -72,6 +72,7 @@ class DeepSpeedStrategy(Strategy):
     name: ClassVar[str] = "deepspeed"
     requires_joint_setup: ClassVar[bool] = True
     writes_own_checkpoint_files: ClassVar[bool] = True
+    state_needs_every_process: ClassVar[bool] = True
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy, plugin: DeepSpeedPlugin, gradient_state: Any,
                  world_size: int) -> None:

@@ -80,6 +80,7 @@ class FSDPStrategy(Strategy):
     """
 
     name = "fsdp"
+    state_needs_every_process = True
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy | None, plugin: FullyShardedDataParallelPlugin,
                  world_size: int, parallelism_config: Any = None) -> None:

@@ -1,0 +1,150 @@
+"""Who takes part in a save: every process, or the main process alone — found out without a collective.
+
+Accelerate's `save_state` makes no collective with an explicit directory,
+so scripts call it inside ``if accelerator.is_main_process:`` (85 of the 91
+diffusers examples that checkpoint do). hasten's save agrees across
+processes when they all save (every file checked before the checkpoint is
+published, one error everywhere), so the main process must first learn
+whether the others are saving too — and a collective would hang when they
+are not. The rendezvous store answers instead:
+
+- a non-main process that calls `save_state` posts its *arrival* (its n-th
+  save) and waits for the main process's answer;
+- the main process waits, for each other process, until it has either
+  arrived, or is seen blocked in a collective (published by its watchdog:
+  `hasten.watchdog.positions`) *after* this save began — a process waiting
+  for the main process cannot be coming to this save. Its arrival slot is
+  then marked refused (an atomic compare-and-set, so an arrival and a
+  refusal cannot both win), and the main process saves alone.
+
+So a save costs a few store round trips when every process saves, and
+about 1–2 seconds when only the main process does (the time for the others'
+watchdogs to show that they wait elsewhere). Without watchdogs
+(``HASTEN_WATCHDOG=0``) the main process waits `GRACE_WITHOUT_WATCHDOG`
+seconds for arrivals instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import watchdog
+
+__all__ = ["Decision", "decide", "join", "answer", "GRACE_WITHOUT_WATCHDOG"]
+
+GRACE_WITHOUT_WATCHDOG = 10.0
+_SLOT = "hasten/save/{rank}/{number}"
+_ANSWER = "hasten/save/{rank}/{number}/answer"
+_REFUSED = "refused"
+_POLL = 0.02
+
+_arrivals = 0  # saves this (non-main) process called
+_consumed: dict[int, int] = {}  # main process: arrivals of each other process used so far
+_sessions = 0  # main process: saves so far
+
+
+def _store() -> Any:
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
+@dataclass
+class Decision:
+    """The main process's view of one save: who arrived (their requests) and who waits elsewhere (where)."""
+
+    session: int
+    joined: dict[int, dict[str, Any]] = field(default_factory=dict)
+    absent: dict[int, dict[str, Any] | None] = field(default_factory=dict)
+
+    @property
+    def everyone(self) -> bool:
+        return not self.absent
+
+
+def _get(store: Any, key: str) -> str | None:
+    return store.get(key).decode() if store.check([key]) else None
+
+
+def decide(num_processes: int) -> Decision:
+    """(Main process.) Wait until every other process has arrived or is seen waiting elsewhere; never blocks on them."""
+    global _sessions
+    _sessions += 1
+    store = _store()
+    decision = Decision(_sessions)
+    pending = set(range(1, num_processes))
+    start = time.monotonic()
+    baseline = {r: (p or {}).get("seq", 0) for r, p in enumerate(watchdog.positions()) if r in pending}
+    use_watchdog = watchdog.running()
+    seen: list[dict[str, Any] | None] = []
+    polls = 0
+    while pending:
+        if use_watchdog and polls % 5 == 0:  # positions change at most every quarter second
+            seen = watchdog.positions()
+        polls += 1
+        for rank in sorted(pending):
+            slot = _SLOT.format(rank=rank, number=_consumed.get(rank, 0) + 1)
+            value = _get(store, slot)
+            if value is not None and not value.startswith(_REFUSED):
+                decision.joined[rank] = json.loads(value)
+                pending.discard(rank)
+                continue
+            position = seen[rank] if rank < len(seen) else None
+            # Two publications after this save began: the second one's look was taken after it began.
+            elsewhere = (position is not None and position.get("wait") is not None
+                         and position["seq"] >= baseline.get(rank, 0) + 2)
+            if elsewhere or (not use_watchdog and time.monotonic() - start > GRACE_WITHOUT_WATCHDOG):
+                refusal = f"{_REFUSED}:{decision.session}"
+                expected = value or ""
+                won = store.compare_set(slot, expected, refusal).decode()
+                if won == refusal:
+                    decision.absent[rank] = None if position is None else position.get("wait")
+                else:  # it arrived in between: it takes part after all
+                    decision.joined[rank] = json.loads(won)
+                pending.discard(rank)
+        if pending:
+            time.sleep(_POLL)
+    for rank in decision.joined:
+        _consumed[rank] = _consumed.get(rank, 0) + 1
+    return decision
+
+
+def answer(decision: Decision, reply: dict[str, Any]) -> None:
+    """(Main process.) Tell every process that arrived what happens (same reply for all)."""
+    store = _store()
+    body = json.dumps(reply)
+    for rank in decision.joined:
+        store.set(_ANSWER.format(rank=rank, number=_consumed[rank]), body)
+
+
+def join(rank: int, request: dict[str, Any]) -> dict[str, Any]:
+    """(Non-main process.) Post this arrival, then wait for the main process's reply (marked as a wait in save_state)."""
+    global _arrivals
+    _arrivals += 1
+    store = _store()
+    slot = _SLOT.format(rank=rank, number=_arrivals)
+    body = json.dumps(request)
+    current = ""
+    while True:  # a refusal left from an earlier save the main process made alone is replaced
+        won = store.compare_set(slot, current, body).decode()
+        if won == body:
+            break
+        current = won
+        if not won.startswith(_REFUSED):
+            raise RuntimeError(f"save_state bookkeeping is out of step on process {rank} ({slot} holds {won!r}).")
+    key = _ANSWER.format(rank=rank, number=_arrivals)
+    with watchdog.waiting("save_state", counted=False):
+        delay = 0.001
+        while not store.check([key]):
+            time.sleep(delay)
+            delay = min(2 * delay, 0.02)
+    reply = json.loads(store.get(key))
+    for done in (key, slot):
+        try:
+            store.delete_key(done)
+        except Exception:  # noqa: BLE001 - a store without deletion keeps two small keys
+            pass
+    return reply
