@@ -54,8 +54,8 @@ def test_gradients_local_until_sync(ranks, loader):
 
 
 @pytest.mark.multiprocess
-def test_optimizer_and_scheduler_step_once_per_sync(ranks):
-    """hasten's policy: the scheduler advances once per real optimizer step (not per micro-batch, not x num_processes)."""
+def test_optimizer_and_scheduler_step_only_on_sync_steps(ranks):
+    """As Accelerate: the scheduler advances num_processes (2) times per real optimizer step, never on a micro-batch."""
     for rank, result in ranks.items():
         expected_count, lr = 0, result["initial_lr"]
         for loader in ("a", "b"):
@@ -63,9 +63,9 @@ def test_optimizer_and_scheduler_step_once_per_sync(ranks):
                 sync = EXPECTED_SYNC[loader][i]
                 assert step["params_changed"] == sync, f"rank {rank} loader {loader} micro-step {i + 1}"
                 if sync:
-                    expected_count += 1
-                    lr *= 0.9
+                    expected_count += 2
+                    lr *= 0.9 * 0.9
                 assert step["scheduler_steps"] == expected_count, f"rank {rank} loader {loader} micro-step {i + 1}"
                 assert step["lr"] == pytest.approx(lr, rel=1e-9)
-        assert expected_count == 4
+        assert expected_count == 8
     assert ranks[0]["final_weight"] == ranks[1]["final_weight"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator, set_seed
+from hasten import Accelerator, set_seed, DataLoaderConfiguration
 
 NUM_SAMPLES = 128
 EPOCHS = 3
@@ -34,7 +34,10 @@ def make_data() -> TensorDataset:
 
 def run(out_dir: Path, name: str, batch_size: int, accumulation: int, split_batches: bool, optimizer_name: str) -> None:
     set_seed(42)
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation, split_batches=split_batches)
+    # The seedable sampler shuffles by (seed, epoch) alone, so 1 and N processes visit the same global order
+    # (without it, as under Accelerate, one process draws from the global RNG and N from a seeded generator).
+    config = DataLoaderConfiguration(split_batches=split_batches, use_seedable_sampler=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation, dataloader_config=config)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if optimizer_name == "sgd":
