@@ -17,19 +17,34 @@ properties (and its constructor) are checked the same way. It prints
 ``found / total`` per module and, with `--gaps`, every missing name and
 every parameter difference.
 
+With `--corpus PATH[:SUBDIR]` (repeatable) it instead checks real scripts:
+every name they use from Accelerate (``from accelerate.x import y``,
+``accelerate.x.y`` after ``import accelerate``, attributes of imported
+classes such as ``DistributedType.XLA``, and ``accelerator.<attribute>`` /
+``accelerator.state.<attribute>`` on an object built by ``Accelerator(...)``)
+must exist at the same path in hasten. PATH is a directory or a git
+directory (its HEAD is read; SUBDIR limits the files, e.g. ``examples``).
+This mode needs only hasten; with `accelerate` importable, names that
+Accelerate itself lacks are reported apart and not counted.
+
 Example:
     $ /tmp/accel-venv/bin/python scripts/api_coverage.py
     accelerate                          30/ 40  75.0%
     ...
+    $ python3 scripts/api_coverage.py --corpus /path/to/diffusers/.git:examples
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import inspect
 import pkgutil
+import subprocess
 import sys
+from collections import defaultdict
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,11 +178,161 @@ def modules_to_check() -> list[str]:
     return ["accelerate", "accelerate.utils", *utils, *(f"accelerate.{m}" for m in TOP_LEVEL)]
 
 
+# -- the --corpus mode: names real scripts use ----------------------------------------------------------------
+
+
+def corpus_files(spec: str) -> dict[str, str]:
+    """{path: source} of the .py files under `spec` = PATH[:SUBDIR] (a directory, or a git directory's HEAD)."""
+    path, _, sub = spec.partition(":")
+    root = Path(path)
+    if (root / "HEAD").is_file() and (root / "objects").is_dir():  # a git directory
+        git = ["git", "--git-dir", str(root)]
+        names = subprocess.run([*git, "ls-tree", "-r", "--name-only", "HEAD", *([sub] if sub else [])], check=True,
+                               capture_output=True, text=True).stdout.split()
+        return {n: subprocess.run([*git, "show", f"HEAD:{n}"], check=True, capture_output=True, text=True).stdout
+                for n in names if n.endswith(".py")}
+    base = root / sub if sub else root
+    return {str(p.relative_to(root)): p.read_text(errors="replace") for p in sorted(base.rglob("*.py"))}
+
+
+def _dotted(node: ast.AST) -> list[str] | None:
+    """`a.b.c` as ["a", "b", "c"] (None for anything else)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id, *reversed(parts)]
+    return None
+
+
+def used_names(source: str) -> set[str]:
+    """Dotted Accelerate paths a script uses, e.g. "accelerate.utils.set_seed", "accelerate.Accelerator.prepare"."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    _mark_parents(tree)  # an attribute chain is counted once, at its outermost node
+    bound: dict[str, str] = {}  # local name -> accelerate path
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                node.module == "accelerate" or node.module.startswith("accelerate.")):
+            for alias in node.names:
+                path = f"{node.module}.{alias.name}"
+                used.add(path)
+                bound[alias.asname or alias.name] = path
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "accelerate" or alias.name.startswith("accelerate."):
+                    used.add(alias.name)
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or "accelerate"
+    accelerators = {"accelerator"}  # variables holding an Accelerator(...)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            callee = _dotted(node.value.func)
+            if callee and bound.get(callee[0], "").endswith(".Accelerator") and len(callee) == 1:
+                accelerators.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or isinstance(getattr(node, "_parent", None), ast.Attribute):
+            continue
+        if isinstance(node.ctx, ast.Store):  # `accelerator.native_amp = False` sets, it does not need the name
+            continue
+        chain = _dotted(node)
+        if not chain:
+            continue
+        if chain[0] in bound:
+            used.add(".".join([bound[chain[0]], *chain[1:]]))
+        elif chain[0] in accelerators or (chain[0] == "self" and len(chain) > 1 and chain[1] == "accelerator"):
+            rest = chain[1:] if chain[0] != "self" else chain[2:]
+            if rest:
+                used.add(".".join(["accelerate.Accelerator", *rest[:2 if rest[0] == "state" else 1]]))
+    return used
+
+
+def _mark_parents(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            child._parent = node  # type: ignore[attr-defined]
+
+
+_ACCELERATOR_INSTANCE: dict[str, Any] = {}
+
+
+def resolve(path: str, root: str) -> bool:
+    """Does `path` (an accelerate path) exist under `root` ("hasten" or "accelerate")?"""
+    parts = path.split(".")
+    parts[0] = root
+    if parts[1:2] == ["Accelerator"] and len(parts) > 2:  # attributes of an Accelerator (set in __init__ too)
+        return _accelerator_has(root, parts[2:])
+    obj: Any = None
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        if obj is not None and hasattr(obj, parts[i - 1]):
+            obj = getattr(obj, parts[i - 1])
+            continue
+        try:
+            obj = importlib.import_module(name)
+        except ImportError:
+            return False
+    return True
+
+
+def _accelerator_has(root: str, attributes: list[str]) -> bool:
+    if root not in _ACCELERATOR_INSTANCE:
+        module = importlib.import_module(root)
+        _ACCELERATOR_INSTANCE[root] = module.Accelerator(cpu=True)
+    obj = _ACCELERATOR_INSTANCE[root]
+    for attribute in attributes:
+        try:
+            obj = getattr(obj, attribute)
+        except AttributeError:
+            return False
+        except Exception:  # noqa: BLE001 - a property that needs a prepared object still exists
+            return True
+    return True
+
+
+def corpus_report(specs: list[str], gaps: bool = False) -> int:
+    """Print, per corpus, how many files use only names hasten has, and the missing names."""
+    try:
+        importlib.import_module("accelerate")
+        peer = True
+    except ImportError:
+        peer = False
+    for spec in specs:
+        files = corpus_files(spec)
+        users: dict[str, set[str]] = defaultdict(set)  # path used -> files
+        using = 0
+        for name, source in files.items():
+            names = used_names(source)
+            using += bool(names)
+            for path in names:
+                users[path].add(name)
+        missing = {p: f for p, f in users.items() if not resolve(p, "hasten")}
+        not_in_peer = {p for p in missing if peer and not resolve(p, "accelerate")}
+        counted = {p: f for p, f in missing.items() if p not in not_in_peer}
+        bad_files = set().union(*counted.values()) if counted else set()
+        print(f"{spec}: {len(files)} .py files, {using} use Accelerate; {using - len(bad_files)}/{using} use only "
+              f"names hasten has; names used {len(users) - len(not_in_peer)}, found {len(users) - len(missing)}")
+        if gaps or counted:
+            for path, where in sorted(counted.items()):
+                print(f"  missing  hasten{path[len('accelerate'):]}  ({len(where)} file(s), e.g. {sorted(where)[0]})")
+        if not_in_peer:
+            print(f"  ({len(not_in_peer)} name(s) that Accelerate {importlib.import_module('accelerate').__version__} "
+                  f"lacks too, not counted: {', '.join(sorted(not_in_peer)[:8])}{' ...' if len(not_in_peer) > 8 else ''})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gaps", action="store_true", help="list every missing name and parameter difference")
     parser.add_argument("--module", action="append", help="check only this Accelerate module (repeatable)")
+    parser.add_argument("--corpus", action="append", metavar="PATH[:SUBDIR]",
+                        help="check the names these scripts use instead (a directory or git directory; repeatable)")
     args = parser.parse_args(argv)
+    if args.corpus:
+        return corpus_report(args.corpus, gaps=args.gaps)
     try:
         import accelerate
     except ImportError:

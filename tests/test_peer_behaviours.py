@@ -10,6 +10,7 @@ TORCHELASTIC_RESTART_COUNT.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -115,3 +116,33 @@ def test_a_restart_by_hasten_launch_is_counted_as_torchrun_counts_it(tmp_path):
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}_attempt1.json").read_text())
         assert record["env"]["TORCHELASTIC_RESTART_COUNT"] == "1" and record["env"]["TORCHELASTIC_MAX_RESTARTS"] == "1"
+
+
+def test_features_hasten_lacks_exist_and_refuse_in_one_sentence():
+    from hasten.utils import AORecipeKwargs, MegatronLMDummyScheduler
+    from hasten.utils.dataclasses import DeepSpeedSequenceParallelConfig
+
+    for refused in (AORecipeKwargs, MegatronLMDummyScheduler, DeepSpeedSequenceParallelConfig):
+        with pytest.raises(NotImplementedError) as caught:
+            refused(None, total_num_steps=1)
+        message = str(caught.value)
+        assert message.startswith(refused.__name__) and message.count(". ") == 0 and message.endswith(".")
+
+
+def test_api_coverage_finds_the_names_a_script_uses():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "api_coverage.py"
+    spec = importlib.util.spec_from_file_location("api_coverage", path)
+    coverage = importlib.util.module_from_spec(spec)
+    sys.modules["api_coverage"] = coverage  # its dataclasses look their module up there
+    spec.loader.exec_module(coverage)
+    script = ("import accelerate\nfrom accelerate import Accelerator\nfrom accelerate.utils import DistributedType as DT\n"
+              "acc = Accelerator()\nif DT.XLA and accelerate.__version__: acc.backward(1); acc.state.mixed_precision\n"
+              "acc.native_amp = False\n")
+    assert coverage.used_names(script) == {
+        "accelerate", "accelerate.Accelerator", "accelerate.utils.DistributedType", "accelerate.utils.DistributedType.XLA",
+        "accelerate.__version__", "accelerate.Accelerator.backward", "accelerate.Accelerator.state.mixed_precision"}
+    assert coverage.resolve("accelerate.utils.DistributedType.XLA", "hasten")
+    assert not coverage.resolve("accelerate.utils.no_such_name", "hasten")

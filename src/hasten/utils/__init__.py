@@ -69,6 +69,8 @@ from .other import (
 )
 from .random import synchronize_rng_state, synchronize_rng_states
 from .tqdm import tqdm
+from .unavailable import *  # noqa: F401,F403 - features hasten lacks: they exist and refuse when used
+from .unavailable import __all__ as _unavailable
 from .versions import compare_versions, is_torch_version
 from ..checkpointing.constants import (
     MODEL_NAME,
@@ -159,6 +161,7 @@ __all__ = [
     "compare_versions",
     "is_torch_version",
     *_probes,
+    *_unavailable,
     "skip_first_batches",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",

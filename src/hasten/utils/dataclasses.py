@@ -38,13 +38,22 @@ from ..options import (
     TorchDynamoPlugin,
 )
 from ..tracking.base import LoggerType
+from .unavailable import (
+    AORecipeKwargs,
+    DeepSpeedSequenceParallelConfig,
+    FP8RecipeKwargs,
+    MegatronLMPlugin,
+    MSAMPRecipeKwargs,
+    TERecipeKwargs,
+)
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DistributedDataParallelKwargs",
     "DistributedType", "DynamoBackend", "GradientAccumulationPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
     "KwargsHandler", "LoggerType", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
     "TorchDynamoPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "BaseEnum", "ComputeEnvironment",
-    "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType",
+    "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType", "AORecipeKwargs",
+    "DeepSpeedSequenceParallelConfig", "FP8RecipeKwargs", "MegatronLMPlugin", "MSAMPRecipeKwargs", "TERecipeKwargs",
 ]
 
 _LAZY = {"FullyShardedDataParallelPlugin": "..fsdp_plugin", "DeepSpeedPlugin": "..deepspeed_plugin"}
