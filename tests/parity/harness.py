@@ -37,6 +37,7 @@ from conftest import run_with_timeout
 from .rewrite import rewrite_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
+EXAMPLES_DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 PEER = "accelerate"
 HASTEN = "hasten"
 STEP_FIELDS = ("idx", "rng", "loss", "lr", "sync", "eod", "norm", "skipped")
@@ -138,7 +139,7 @@ def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str
     if lib == HASTEN:
         script = rewrite_file(script, out.parent / f"{out.name}_{script.name}")
     run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "OMP_NUM_THREADS": "1", **(env or {})}
+               "OMP_NUM_THREADS": "1", "PARITY_EXAMPLES_DATA": str(EXAMPLES_DATA), **(env or {})}
     run_env.pop("ACCELERATE_MIXED_PRECISION", None)
     try:
         result = run_with_timeout(command(lib, script, nproc, args), timeout, run_env)
@@ -183,12 +184,24 @@ class Runs:
                                         timeout=300, parent=parent)
         return self.done[key]
 
-    def script(self, name: str, lib: str, nproc: int, *args: str, timeout: float = 300) -> Run:
-        """A client-style script of ``scripts/`` run once with ``args``."""
-        key = (name, lib, nproc, args)
+    def script(self, name: str, lib: str, nproc: int, *args: str, timeout: float = 300, resume_from: str = "") -> Run:
+        """A client-style script of ``scripts/`` run once with ``args``.
+
+        ``resume_from="checkpoint-N"`` runs it again with
+        ``--resume_from_checkpoint checkpoint-N`` over the checkpoints that
+        the same library's first run (same ``args``) wrote.
+        """
+        key = (name, lib, nproc, args, resume_from)
         if key not in self.done:
-            out = self.root / (f"{name}_{lib}_{nproc}p" + "".join(f"_{a.strip('-')}" for a in args)[:60])
-            self.done[key] = run_script(lib, SCRIPTS / f"{name}.py", nproc, out, args, name=name, timeout=timeout)
+            suffix = f"_resume_{resume_from}" if resume_from else ""
+            out = self.root / f"{name}_{lib}_{nproc}p{suffix}"
+            parent = None
+            run_args = list(args)
+            if resume_from:
+                parent = self.script(name, lib, nproc, *args, timeout=timeout)
+                run_args += ["--resume_from_checkpoint", resume_from, "--checkpoints", str(parent.out)]
+            self.done[key] = run_script(lib, SCRIPTS / f"{name}.py", nproc, out, run_args, name=name + suffix,
+                                        timeout=timeout, parent=parent)
         return self.done[key]
 
 
