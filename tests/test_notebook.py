@@ -77,7 +77,8 @@ def precision_fn(out_dir: str) -> None:
 
     accelerator = Accelerator()
     Path(out_dir, f"rank{accelerator.process_index}.json").write_text(
-        json.dumps({"mixed_precision": accelerator.mixed_precision, "pid": os.getpid()})
+        json.dumps({"mixed_precision": accelerator.mixed_precision, "pid": os.getpid(),
+                    "env": os.environ.get("ACCELERATE_MIXED_PRECISION")})
     )
 
 
@@ -200,7 +201,9 @@ def test_debug_launcher_trains_on_cpu_processes(tmp_path):
 @pytest.mark.timeout(120)
 def test_mixed_precision_reaches_the_accelerators(tmp_path):
     notebook_launcher(precision_fn, (str(tmp_path),), num_processes=2, mixed_precision="bf16", use_port=find_free_port())
-    assert {rank: r["mixed_precision"] for rank, r in _results(tmp_path).items()} == {0: "bf16", 1: "bf16"}
+    results = _results(tmp_path)
+    assert {rank: r["mixed_precision"] for rank, r in results.items()} == {0: "bf16", 1: "bf16"}
+    assert {r["env"] for r in results.values()} == {"bf16"}  # as Accelerate's notebook_launcher exports it
 
 
 @pytest.mark.timeout(120)

@@ -336,6 +336,7 @@ def _launch(
 
     env = {
         **spec.to_env(),
+        **spec.peer_env({}),  # the variables Accelerate's notebook_launcher exports, for code that reads them
         # torch.cuda.is_available() via NVML: asking the driver would initialise CUDA here.
         "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     }
