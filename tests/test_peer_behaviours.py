@@ -106,6 +106,7 @@ def test_two_processes_see_the_peers_variables_and_types(tmp_path):
         assert env["ACCELERATE_MIXED_PRECISION"] == "bf16" and env["ACCELERATE_USE_CPU"] == "False"
         assert env["ACCELERATE_DYNAMO_BACKEND"] == "NO" and env["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert record["before"] == "MULTI_CPU" and record["after"] == ["MULTI_CPU"] * 3
+        assert record["copied"] == [[1, 2, 3]]  # copy_tensor_to_devices from the one process that held it
 
 
 @pytest.mark.multiprocess

@@ -14,6 +14,7 @@ import torch
 
 from hasten import Accelerator, PartialState
 from hasten.state import AcceleratorState
+from hasten.utils import copy_tensor_to_devices
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
          "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "ACCELERATE_MIXED_PRECISION",
@@ -25,6 +26,9 @@ record["before"] = PartialState().distributed_type.value
 accelerator = Accelerator()
 record["after"] = [PartialState().distributed_type.value, accelerator.state.distributed_type.value,
                    AcceleratorState().distributed_type.value]
+# the tensor exists on the last process only; every process gets it (shape and dtype unknown elsewhere)
+held = torch.tensor([[1, 2, 3]], dtype=torch.int32) if accelerator.is_last_process else None
+record["copied"] = copy_tensor_to_devices(held).tolist()
 attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "none")
 if "--fail-first" in sys.argv and attempt == "0":
     model = torch.nn.Linear(2, 1)
