@@ -59,6 +59,9 @@ def test_an_accelerator_state_refuses_use_after_reset_until_a_new_accelerator_ex
     # the peer's own test matches these two phrases
     assert "`AcceleratorState` object has no attribute" in str(caught.value)
     assert "This happens if `AcceleratorState._reset_state()`" in str(caught.value)
+    assert accelerator.is_local_main_process and accelerator.state.is_main_process  # these still answer, as there
+    with pytest.raises(AttributeError, match="no attribute `num_processes`"):
+        accelerator.state.num_processes
     again = Accelerator(cpu=True, mixed_precision="bf16")  # re-instantiating after a reset works
     assert again.state.mixed_precision == "bf16" and accelerator.state.num_processes == 1
 

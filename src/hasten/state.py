@@ -472,8 +472,9 @@ def _guarded(name: str) -> property:
     return property(get, doc=base.__doc__)
 
 
-for _name in ("num_processes", "process_index", "local_process_index", "use_distributed", "is_main_process",
-              "is_local_main_process", "is_last_process"):
+# As in the peer, the "who am I" questions (is_main_process, use_distributed, ...) keep working after a reset:
+# there they are asked of PartialState; the numbers themselves are the reset state's.
+for _name in ("num_processes", "process_index", "local_process_index"):
     setattr(AcceleratorState, _name, _guarded(_name))
 
 
