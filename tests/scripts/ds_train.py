@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration, set_seed
 from hasten.deepspeed_plugin import DeepSpeedPlugin
+from hasten.scheduler import SchedulerKwargs
 
 NUM_SAMPLES = 128
 EPOCHS = 2
@@ -37,15 +38,18 @@ def make_data() -> TensorDataset:
 def build(stage: str | None, accum: int, stateful: bool = False):
     set_seed(42)
     plugin = None if stage in (None, "launch") else DeepSpeedPlugin(zero_stage=int(stage), gradient_clipping=1.0)
+    # the 1-process reference and the 2-process ZeRO run share one schedule: one step per optimizer step
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum, deepspeed_plugin=plugin,
-                              dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful))
+                              dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful),
+                              kwargs_handlers=[SchedulerKwargs(once_per_optimizer_step=True)])
     model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
                                 torch.nn.Linear(32, 1))
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9 ** step)
     batch = GLOBAL_BATCH // accelerator.num_processes
-    loader = DataLoader(make_data(), batch_size=batch, shuffle=True)
+    loader = DataLoader(make_data(), batch_size=batch, shuffle=True,
+                        generator=torch.Generator().manual_seed(0))  # the same global order on 1 and N processes
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     return accelerator, plugin, model, optimizer, loader, scheduler, init
 
@@ -58,7 +62,8 @@ def train_steps(accelerator, model, optimizer, loader, scheduler, info, stop_aft
             with accelerator.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)
-                norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                # (clip_grad_norm_ clips whenever called, as Accelerate's: once per optimizer step here)
+                norm = accelerator.clip_grad_norm_(model.parameters(), 1.0) if accelerator.sync_gradients else None
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()

@@ -96,7 +96,8 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
     else:
         model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)  # built before prepare on purpose
-    loader = DataLoader(make_data(), batch_size=batch, shuffle=True)
+    loader = DataLoader(make_data(), batch_size=batch, shuffle=True,
+                        generator=torch.Generator().manual_seed(0))  # the same global order on 1 and N processes
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
@@ -112,7 +113,8 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
             with accelerator.accumulate(model):
                 loss = nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)
-                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                if accelerator.sync_gradients:  # (clip_grad_norm_ clips whenever called, as Accelerate's)
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad()
             losses.append(accelerator.reduce(loss.detach().float(), "mean").item())

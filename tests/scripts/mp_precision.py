@@ -43,8 +43,10 @@ def train_bf16() -> dict:
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
-    loader = DataLoader(data(128, 1), batch_size=8, shuffle=True)
+    loader = DataLoader(data(128, 1), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
     net, optimizer, loader = accelerator.prepare(net, optimizer, loader)
+    inner: list[str] = []  # the dtype the first layer computed in (autocast), beside what forward hands back
+    accelerator.unwrap_model(net)[0].register_forward_hook(lambda module, args, out: inner.append(str(out.dtype)))
     epoch_losses, output_dtype = [], None
     for _ in range(6):
         total = torch.zeros(())
@@ -61,6 +63,7 @@ def train_bf16() -> dict:
     return {
         "mixed_precision": accelerator.mixed_precision,
         "output_dtype": output_dtype,
+        "inner_dtype": inner[-1],
         "param_dtypes": sorted({str(p.dtype) for p in unwrapped.parameters()}),
         "epoch_losses": epoch_losses,
         "final_params": [p.detach().flatten().tolist() for p in unwrapped.parameters()],
@@ -78,6 +81,8 @@ def train_fp16() -> dict:
     loader = DataLoader(data(2 * 8 * 4, 2), batch_size=4)  # 8 steps per rank
     net, optimizer, loader, scheduler = accelerator.prepare(net, optimizer, loader, scheduler)
     unwrapped = accelerator.unwrap_model(net)
+    inner: list[str] = []
+    unwrapped[0].register_forward_hook(lambda module, args, out: inner.append(str(out.dtype)))
     steps = []
     for i, (x, y) in enumerate(loader):
         before = [p.detach().clone() for p in unwrapped.parameters()]
@@ -93,6 +98,7 @@ def train_fp16() -> dict:
         optimizer.zero_grad()
         steps.append({
             "output_dtype": str(out.dtype),
+            "inner_dtype": inner[-1],
             "skipped": accelerator.optimizer_step_was_skipped,
             "params_changed": any(not torch.equal(b, p.detach()) for b, p in zip(before, unwrapped.parameters())),
             "params_finite": all(torch.isfinite(p).all().item() for p in unwrapped.parameters()),
