@@ -69,8 +69,12 @@ def _get(store: Any, key: str) -> str | None:
     return store.get(key).decode() if store.check([key]) else None
 
 
-def decide(num_processes: int) -> Decision:
-    """(Main process.) Wait until every other process has arrived or is seen waiting elsewhere; never blocks on them."""
+def decide(num_processes: int, site: list[str]) -> Decision:
+    """(Main process.) Wait until every other process has arrived or is seen waiting elsewhere; never blocks on them.
+
+    An arrival counts for this save when it comes from the same lines of the script (`site`, the user's call
+    stack): a process that called save_state from other lines waits for a later save of the main process.
+    """
     global _sessions
     _sessions += 1
     store = _store()
@@ -88,23 +92,26 @@ def decide(num_processes: int) -> Decision:
         for rank in sorted(pending):
             slot = _SLOT.format(rank=rank, number=_consumed.get(rank, 0) + 1)
             value = _get(store, slot)
-            if value is not None and not value.startswith(_REFUSED):
-                decision.joined[rank] = json.loads(value)
+            arrival = None if value is None or value.startswith(_REFUSED) else json.loads(value)
+            if arrival is not None and arrival["site"] == site:
+                decision.joined[rank] = arrival
                 pending.discard(rank)
                 continue
             position = seen[rank] if rank < len(seen) else None
             # Two publications after this save began: the second one's look was taken after it began.
             elsewhere = (position is not None and position.get("wait") is not None
                          and position["seq"] >= baseline.get(rank, 0) + 2)
-            if elsewhere or (not use_watchdog and time.monotonic() - start > GRACE_WITHOUT_WATCHDOG):
-                refusal = f"{_REFUSED}:{decision.session}"
-                expected = value or ""
-                won = store.compare_set(slot, expected, refusal).decode()
-                if won == refusal:
-                    decision.absent[rank] = None if position is None else position.get("wait")
-                else:  # it arrived in between: it takes part after all
-                    decision.joined[rank] = json.loads(won)
+            if not elsewhere and not (not use_watchdog and time.monotonic() - start > GRACE_WITHOUT_WATCHDOG):
+                continue
+            if arrival is not None:  # it waits in a save_state called from other lines: a later save of the main's
+                decision.absent[rank] = position.get("wait") if position else None
                 pending.discard(rank)
+                continue
+            refusal = f"{_REFUSED}:{decision.session}"
+            if store.compare_set(slot, value or "", refusal).decode() == refusal:
+                decision.absent[rank] = None if position is None else position.get("wait")
+                pending.discard(rank)
+            # else it arrived in between: looked at again on the next round
         if pending:
             time.sleep(_POLL)
     for rank in decision.joined:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["save_checkpoint", "target_dir"]
 
 _OP = "save_state"
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _ENGINES = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}
 
 
@@ -78,7 +80,8 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
     n = state.num_processes
     if n == 1:
         return _save(accelerator, *target_dir(accelerator, output_dir), safe_serialization, together=False)
-    request = {"dir": None if output_dir is None else os.path.abspath(output_dir)}
+    # Which save this is: the directory, and the script's lines that called save_state (see handshake.decide).
+    request = {"dir": None if output_dir is None else os.path.abspath(output_dir), "site": _user_stack()}
     if not state.is_main_process:
         reply = handshake.join(state.process_index, request)
         if reply["mode"] == "error":
@@ -88,7 +91,7 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
         return _save(accelerator, Path(reply["target"]), reply["automatic"], safe_serialization, together=True,
                      iteration=reply["iteration"])
 
-    decision = handshake.decide(n)
+    decision = handshake.decide(n, request["site"])
     try:
         mismatched = [f"process {r} gave {req['dir'] or 'none (automatic naming)'}"
                       for r, req in sorted(decision.joined.items()) if req["dir"] != request["dir"]]
@@ -113,6 +116,17 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
         raise
     handshake.answer(decision, {"mode": "alone", "target": str(path)})
     return path
+
+
+def _user_stack(limit: int = 8) -> list[str]:
+    """file:line of the script's frames that lead to this save_state call, innermost first (hasten's left out)."""
+    frame, sites = sys._getframe(1), []
+    while frame is not None and len(sites) < limit:
+        name = frame.f_code.co_filename
+        if not os.path.abspath(name).startswith(_PACKAGE_DIR):
+            sites.append(f"{name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return sites
 
 
 def _needs_everyone(strategy: Any, decision: handshake.Decision) -> str:
