@@ -162,7 +162,7 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
             f"load it under the same strategy, or turn it into full weights first with `hasten merge-weights`."
         )
     model_base = SAFE_WEIGHTS_NAME if saved_format == "safetensors" else WEIGHTS_NAME
-    legacy_samplers = "dataloaders" not in manifest  # hasten before 0.2 kept loader positions in sampler.bin
+    legacy_samplers = "dataloaders" not in manifest  # older hasten checkpoints kept loader positions in sampler.bin
     names = [] if sharded else [indexed_name(model_base, i) for i in range(len(models))]
     names += [] if sharded else [indexed_name(f"{OPTIMIZER_NAME}.bin", i) for i in range(len(accelerator._optimizers))]
     names += [indexed_name(f"{SCHEDULER_NAME}.bin", i) for i in range(len(accelerator._schedulers))]
