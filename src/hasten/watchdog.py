@@ -35,7 +35,9 @@ process group's timeout applies (`CollectiveTimeout` then says where every
 process was).
 
 `save_state` reads the same publications to learn, without a collective,
-whether the other processes take part in a save (`positions`).
+whether the other processes take part in a save (`positions`), and each
+process's training progress, published once a second when it changed
+(`set_progress`, `progress_of`).
 """
 
 from __future__ import annotations
@@ -46,10 +48,10 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["waiting", "enter", "leave", "start", "running", "positions", "call_site", "user_site",
-           "CollectiveDeadlock", "CollectiveTimeout"]
+__all__ = ["waiting", "enter", "leave", "start", "running", "positions", "call_site", "user_site", "set_progress",
+           "local_progress", "progress_of", "CollectiveDeadlock", "CollectiveTimeout"]
 
 _LOOK_EVERY = 0.25  # seconds between two looks at this process
 _PUBLISH_AFTER = 1.0  # a wait shorter than this is never published
@@ -57,7 +59,9 @@ _HEARTBEAT = 0.5  # a published wait is renewed this often (its `seq` grows), so
 _READ_EVERY = 1.0  # a waiting process reads the others' positions this often
 _VERDICT_AFTER = 2.0  # every process waiting, the same picture of different places, this long => a deadlock
 _FLAT = 0.05  # a process using under 5% of one core since its wait began is blocked, not computing
+_PROGRESS_EVERY = 1.0  # how often a changed training progress is published (save_state's handshake reads it)
 _KEY = "hasten/watchdog/{}"
+_PROGRESS_KEY = "hasten/watchdog/progress/{}"
 _VERDICT = "hasten/watchdog/verdict"
 
 _count = 0
@@ -102,6 +106,38 @@ def positions() -> list[dict[str, Any] | None]:
         return [json.loads(_store.get(k)) if _store.check([k]) else None for k in keys]
     except Exception:  # noqa: BLE001 - the store may be gone too
         return []
+
+
+_progress: Callable[[], list[int] | None] | None = None
+
+
+def set_progress(source: Callable[[], list[int] | None] | None) -> None:
+    """Where this process's training got (e.g. batches taken from each training loader), published once a second.
+
+    Example:
+        >>> set_progress(lambda: [3]); local_progress()
+        [3]
+        >>> set_progress(None)
+    """
+    global _progress
+    _progress = source
+
+
+def local_progress() -> list[int] | None:
+    """This process's progress now (None when there is no source)."""
+    try:
+        return None if _progress is None else _progress()
+    except Exception:  # noqa: BLE001 - read from another thread while the loop changes it: skip this look
+        return None
+
+
+def progress_of(rank: int) -> list[int] | None:
+    """What `rank` last published of its progress (None when nothing)."""
+    key = _PROGRESS_KEY.format(rank)
+    try:
+        return json.loads(_store.get(key)) if _store is not None and _store.check([key]) else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _waits() -> list[dict[str, Any] | None]:
@@ -289,13 +325,20 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
     looker = _Looker()
     key = _KEY.format(rank)
     published: dict[str, Any] | None = None
-    seq, last_publish, last_read = 0, 0.0, 0.0
+    seq, last_publish, last_read, last_progress = 0, 0.0, 0.0, 0.0
+    progress: list[int] | None = None
     suspect: tuple[float, list[tuple[Any, ...]]] | None = None  # (since, places) of a possible deadlock
     while True:
         time.sleep(_LOOK_EVERY)
         now = time.monotonic()
         wait = looker.position(now)
         try:
+            if now - last_progress >= _PROGRESS_EVERY:
+                last_progress = now
+                current = local_progress()
+                if current is not None and current != progress:
+                    store.set(_PROGRESS_KEY.format(rank), json.dumps(current))
+                    progress = current
             if wait != published or (wait is not None and now - last_publish >= _HEARTBEAT):
                 seq += 1
                 store.set(key, json.dumps({"seq": seq, "wait": wait}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +15,20 @@ from torch.utils.hooks import RemovableHandle
 from .project import ProjectConfiguration
 
 __all__ = ["CheckpointingMixin"]
+
+
+def _training_progress(accelerator: "weakref.ref[Any]") -> Callable[[], list[int] | None]:
+    """Batches each training loader handed out so far (never reset): a process past the main process's batch
+    did not call save_state there (see `handshake`)."""
+
+    def progress() -> list[int] | None:
+        owner = accelerator()
+        if owner is None:
+            return None
+        cursors = [getattr(loader, "cursor", None) for loader in owner._dataloaders]
+        return [c.handed_out for c in cursors if c is not None and c.training]
+
+    return progress
 
 
 class CheckpointingMixin:
@@ -31,6 +46,9 @@ class CheckpointingMixin:
         # OrderedDict: torch's RemovableHandle keeps a weak reference to it (a plain dict cannot have one)
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        from .. import watchdog
+
+        watchdog.set_progress(_training_progress(weakref.ref(self)))
 
     # -- where ------------------------------------------------------------------------------
     @property

@@ -11,17 +11,20 @@ are not. The rendezvous store answers instead:
 - a non-main process that calls `save_state` posts its *arrival* (its n-th
   save) and waits for the main process's answer;
 - the main process waits, for each other process, until it has either
-  arrived, or is seen blocked in a collective (published by its watchdog:
-  `hasten.watchdog.positions`) *after* this save began — a process waiting
-  for the main process cannot be coming to this save. Its arrival slot is
-  then marked refused (an atomic compare-and-set, so an arrival and a
+  arrived, or shows it is not coming, as published by its watchdog: it
+  took a training batch the main process has not taken yet (it went past
+  this save; `hasten.watchdog.progress_of`), or it is blocked in a
+  collective *after* this save began (`hasten.watchdog.positions`) — a
+  process waiting for the main process cannot be coming. Its arrival slot
+  is then marked refused (an atomic compare-and-set, so an arrival and a
   refusal cannot both win), and the main process saves alone.
 
 So a save costs a few store round trips when every process saves, and
 about 1–2 seconds when only the main process does (the time for the others'
-watchdogs to show that they wait elsewhere). Without watchdogs
-(``HASTEN_WATCHDOG=0``) the main process waits `GRACE_WITHOUT_WATCHDOG`
-seconds for arrivals instead.
+watchdogs to publish). With no sign either way for `GRACE` seconds (no
+prepared training loader, and a wait the watchdog cannot see, such as a
+CUDA process spinning in a synchronisation), or `GRACE_WITHOUT_WATCHDOG`
+seconds without watchdogs (``HASTEN_WATCHDOG=0``), it saves alone and says so.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .. import watchdog
 __all__ = ["Decision", "decide", "join", "answer", "GRACE_WITHOUT_WATCHDOG"]
 
 GRACE_WITHOUT_WATCHDOG = 10.0
+GRACE = 60.0  # no sign either way for this long (a CUDA process spinning in a sync, no prepared loader): go alone
 _SLOT = "hasten/save/{rank}/{number}"
 _ANSWER = "hasten/save/{rank}/{number}/answer"
 _REFUSED = "refused"
@@ -54,11 +58,11 @@ def _store() -> Any:
 
 @dataclass
 class Decision:
-    """The main process's view of one save: who arrived (their requests) and who waits elsewhere (where)."""
+    """The main process's view of one save: who arrived (their requests) and who is not coming (why, in words)."""
 
     session: int
     joined: dict[int, dict[str, Any]] = field(default_factory=dict)
-    absent: dict[int, dict[str, Any] | None] = field(default_factory=dict)
+    absent: dict[int, str] = field(default_factory=dict)  # rank -> why it is not part of this save
 
     @property
     def everyone(self) -> bool:
@@ -82,6 +86,7 @@ def decide(num_processes: int, site: list[str]) -> Decision:
     pending = set(range(1, num_processes))
     start = time.monotonic()
     baseline = {r: (p or {}).get("seq", 0) for r, p in enumerate(watchdog.positions()) if r in pending}
+    mine = watchdog.local_progress()
     use_watchdog = watchdog.running()
     seen: list[dict[str, Any] | None] = []
     polls = 0
@@ -99,17 +104,24 @@ def decide(num_processes: int, site: list[str]) -> Decision:
                 continue
             position = seen[rank] if rank < len(seen) else None
             # Two publications after this save began: the second one's look was taken after it began.
-            elsewhere = (position is not None and position.get("wait") is not None
-                         and position["seq"] >= baseline.get(rank, 0) + 2)
-            if not elsewhere and not (not use_watchdog and time.monotonic() - start > GRACE_WITHOUT_WATCHDOG):
+            why = None
+            if position is not None and position.get("wait") is not None and position["seq"] >= baseline.get(rank, 0) + 2:
+                why = watchdog.describe(rank, position["wait"])
+            elif use_watchdog and polls % 5 == 1 and _ahead(watchdog.progress_of(rank), mine):
+                # it took a training batch the main process has not: it went past this save without calling it
+                why = f"rank {rank} went on to its next training batch"
+            elif time.monotonic() - start >= (GRACE if use_watchdog else GRACE_WITHOUT_WATCHDOG):
+                why = f"rank {rank} showed no sign of calling it within {time.monotonic() - start:.0f} s"
+                print(f"hasten: {why}; the main process saves alone.", flush=True)
+            if why is None:
                 continue
             if arrival is not None:  # it waits in a save_state called from other lines: a later save of the main's
-                decision.absent[rank] = position.get("wait") if position else None
+                decision.absent[rank] = why
                 pending.discard(rank)
                 continue
             refusal = f"{_REFUSED}:{decision.session}"
             if store.compare_set(slot, value or "", refusal).decode() == refusal:
-                decision.absent[rank] = None if position is None else position.get("wait")
+                decision.absent[rank] = why
                 pending.discard(rank)
             # else it arrived in between: looked at again on the next round
         if pending:
@@ -117,6 +129,11 @@ def decide(num_processes: int, site: list[str]) -> Decision:
     for rank in decision.joined:
         _consumed[rank] = _consumed.get(rank, 0) + 1
     return decision
+
+
+def _ahead(theirs: list[int] | None, mine: list[int] | None) -> bool:
+    """Whether a process's training loaders handed out more batches than the main process's (same loaders)."""
+    return bool(theirs and mine and len(theirs) == len(mine) and any(t > m for t, m in zip(theirs, mine)))
 
 
 def answer(decision: Decision, reply: dict[str, Any]) -> None:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import watchdog
 from . import handshake
 from .commit import CheckpointError, begin_staging, fsync_path, publish, staging_path, write_manifest
 from .constants import (
@@ -131,7 +130,7 @@ def _user_stack(limit: int = 8) -> list[str]:
 
 def _needs_everyone(strategy: Any, decision: handshake.Decision) -> str:
     engine = _ENGINES.get(strategy.name, strategy.name)
-    where = "; ".join(watchdog.describe(rank, wait) for rank, wait in sorted(decision.absent.items()))
+    where = "; ".join(why for _, why in sorted(decision.absent.items()))
     return (f"save_state needs every process under {engine}, which holds the state in shards, but only some called "
             f"it ({where}); call accelerator.save_state(...) on every process, not only inside "
             "`if accelerator.is_main_process:`.")

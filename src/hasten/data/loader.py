@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -49,6 +49,8 @@ class LoaderCursor:
     pending_skip: int = 0  # batches the next pass skips: a restored position
     training: bool = False  # backward() consumed this loader's batches: its boundaries are preemption points
     resumed: bool = False  # restored from a checkpoint taken in the middle of a pass (whose draws were made)
+    # batches handed out over the loader's life, never reset: how far this process got (save_state's handshake)
+    handed_out: int = field(default=0, repr=False)
 
 
 def loader_kwargs(loader: DataLoader) -> dict[str, Any]:
@@ -236,6 +238,7 @@ class PreparedDataLoader(DataLoader):
                     if final is not None:
                         self.remainder = position.remainder = final
                 cursor.yielded += 1
+                cursor.handed_out += 1
                 yield batch
                 # read each time: the hook removes itself once it has nothing left to do
                 if state is not None and state.boundary_hook is not None and cursor.training:
