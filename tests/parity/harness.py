@@ -40,6 +40,9 @@ SCRIPTS = Path(__file__).parent / "scripts"
 EXAMPLES_DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 PEER = "accelerate"
 HASTEN = "hasten"
+# Seconds a run may take before its process group is killed: a few times what it needs here when it works,
+# below the parity tests' pytest timeout, so a hang costs one run's limit and leaves no process behind.
+CLIENT_TIMEOUTS = {"glue_client": 180, "diffusers_client": 90}
 STEP_FIELDS = ("idx", "rng", "loss", "lr", "sync", "eod", "norm", "skipped")
 
 
@@ -140,7 +143,10 @@ def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str
         script = rewrite_file(script, out.parent / f"{out.name}_{script.name}")
     run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "OMP_NUM_THREADS": "1", "PARITY_EXAMPLES_DATA": str(EXAMPLES_DATA), **(env or {})}
-    run_env.pop("ACCELERATE_MIXED_PRECISION", None)
+    # Parity is about defaults: no precision from the caller's shell, and not the opt-in real fp16 on the CPU
+    # that tests/conftest.py turns on for hasten's own tests (Accelerate trains CPU "fp16" in full precision).
+    for name in ("ACCELERATE_MIXED_PRECISION", "HASTEN_CPU_FP16"):
+        run_env.pop(name, None)
     try:
         result = run_with_timeout(command(lib, script, nproc, args), timeout, run_env)
     except pytest.fail.Exception as timed_out:  # kept, so every test using this run reports it (once started)
@@ -181,24 +187,29 @@ class Runs:
                 parent = self.matrix(checkpoints_of, nproc)
                 args = ["--phase", "resume", "--checkpoints", str(parent.out / "ckpt")]
             self.done[key] = run_script(lib, SCRIPTS / "matrix.py", nproc, out, args, name=f"matrix {phase}",
-                                        timeout=300, parent=parent)
+                                        timeout=180 if phase == "train" else 90, parent=parent)
         return self.done[key]
 
-    def script(self, name: str, lib: str, nproc: int, *args: str, timeout: float = 300, resume_from: str = "") -> Run:
+    def script(self, name: str, lib: str, nproc: int, *args: str, timeout: float = 0, resume_from: str = "",
+               checkpoints_of: str | None = None) -> Run:
         """A client-style script of ``scripts/`` run once with ``args``.
 
         ``resume_from="checkpoint-N"`` runs it again with
         ``--resume_from_checkpoint checkpoint-N`` over the checkpoints that
-        the same library's first run (same ``args``) wrote.
+        the first run (same ``args``) of ``checkpoints_of`` (default: the
+        same library) wrote.
         """
-        key = (name, lib, nproc, args, resume_from)
+        checkpoints_of = (checkpoints_of or lib) if resume_from else None
+        key = (name, lib, nproc, args, resume_from, checkpoints_of)
+        timeout = timeout or CLIENT_TIMEOUTS.get(name, 180)
         if key not in self.done:
-            suffix = f"_resume_{resume_from}" if resume_from else ""
+            source = f"_from_{checkpoints_of}" if checkpoints_of not in (None, lib) else ""
+            suffix = f"_resume_{resume_from}{source}" if resume_from else ""
             out = self.root / f"{name}_{lib}_{nproc}p{suffix}"
             parent = None
             run_args = list(args)
             if resume_from:
-                parent = self.script(name, lib, nproc, *args, timeout=timeout)
+                parent = self.script(name, checkpoints_of, nproc, *args, timeout=timeout)
                 run_args += ["--resume_from_checkpoint", resume_from, "--checkpoints", str(parent.out)]
             self.done[key] = run_script(lib, SCRIPTS / f"{name}.py", nproc, out, run_args, name=name + suffix,
                                         timeout=timeout, parent=parent)
@@ -252,6 +263,24 @@ def first_difference(peer: list[dict[str, Any]], ours: list[dict[str, Any]], fie
     if extra:
         lines.append(f"hasten has {len(extra)} record(s) accelerate does not, first: rank/phase/epoch/step {extra[0]}")
     return "\n".join(lines) or None
+
+
+def as_uninterrupted(resumed: list[dict[str, Any]], saved: dict[str, Any]) -> list[dict[str, Any]]:
+    """Resumed records under the uninterrupted run's keys (the resumed epoch's steps count after the skipped ones).
+
+    ``saved`` is the record of the step after which the checkpoint was saved.
+
+    Example:
+        >>> as_uninterrupted([{"k": "step", "ph": "resume", "ep": 0, "st": 0}], {"ep": 0, "st": 2})[0]["st"]
+        3
+    """
+    shifted = []
+    for record in resumed:
+        record = {**record, "ph": "train"}
+        if record["k"] == "step" and record["ep"] == saved["ep"]:
+            record["st"] += saved["st"] + 1
+        shifted.append(record)
+    return shifted
 
 
 def max_abs_diff(peer: list[dict[str, Any]], ours: list[dict[str, Any]], field_name: str = "loss") -> float | None:

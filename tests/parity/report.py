@@ -25,12 +25,14 @@ import fcntl
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest and the parity package
 
-from parity.harness import HASTEN, PEER, STEP_FIELDS, Run, Runs, differences, max_abs_diff, scenario_names  # noqa: E402
+from parity.harness import (HASTEN, PEER, STEP_FIELDS, Run, Runs, as_uninterrupted, differences,  # noqa: E402
+                            max_abs_diff, scenario_names)
 
 CLIENTS = ("glue_client", "diffusers_client")
 
@@ -53,7 +55,7 @@ def _eval_rows(run: Run, scenario: str | None, phase: str) -> int:
     return sum(len(r["rows"]) for r in evals if r["ep"] == last)
 
 
-def row(case: str, nproc: int, peer: Run, ours: Run, scenario: str | None = None, phase: str = "train") -> dict:
+def row(case: str, nproc: int, peer: Run, ours: Run, scenario: str | None = None, phase: str | None = "train") -> dict:
     """One line of the table, comparing ``ours`` with ``peer`` for one scenario (or a whole client run)."""
     out: dict[str, Any] = {"case": case, "procs": nproc}
     for label, run in (("accelerate", peer), ("hasten", ours)):
@@ -78,6 +80,15 @@ def row(case: str, nproc: int, peer: Run, ours: Run, scenario: str | None = None
         f"{metric_p[-1]['value']:.4f}/{metric_h[-1]['value']:.4f}" if metric_h else f"{metric_p[-1]['value']:.4f}/-",
     )
     return out
+
+
+def exactness(uninterrupted: Run, resumed: Run) -> tuple[Run, Run]:
+    """(uninterrupted run, resumed run renamed to its keys): the matrix's resume compared with never stopping."""
+    saved = uninterrupted.of("saved", "resume")[0] if uninterrupted.of("saved", "resume") else {"ep": 0, "st": -1}
+    after = [r for r in uninterrupted.records if not (r.get("s") == "resume" and r["k"] == "step"
+                                                       and (r["ep"], r["st"]) <= (saved["ep"], saved["st"]))]
+    return (replace(uninterrupted, records=after),
+            replace(resumed, records=as_uninterrupted([r for r in resumed.records if r.get("s") == "resume"], saved)))
 
 
 COLUMNS = ("case", "procs", "steps", "first_diff", "max_loss_diff", "lr_equal", "idx_equal", "eval_rows", "metric",
@@ -126,14 +137,19 @@ def main(argv: list[str] | None = None) -> int:
             if "matrix" in wanted:
                 peer, ours = runs.matrix(PEER, nproc), runs.matrix(HASTEN, nproc)
                 rows += [row(s, nproc, peer, ours, s) for s in scenario_names()]
-                resumed = runs.matrix(PEER, nproc, "resume")
-                rows.append(row("resume: continued", nproc, resumed, runs.matrix(HASTEN, nproc, "resume"),
-                                "resume", "resume"))
-                rows.append(row("resume: from accelerate's ckpt", nproc, resumed,
+                rows.append(row("resume: own ckpt vs never stopped", nproc, *exactness(peer, runs.matrix(HASTEN, nproc, "resume")),
+                                "resume", "train"))
+                rows.append(row("resume: accelerate's ckpt", nproc, runs.matrix(PEER, nproc, "resume"),
                                 runs.matrix(HASTEN, nproc, "resume", PEER), "resume", "resume"))
             for client in CLIENTS:
                 if client in wanted:
-                    rows.append(row(client, nproc, runs.script(client, PEER, nproc), runs.script(client, HASTEN, nproc)))
+                    peer, ours = runs.script(client, PEER, nproc, "--cpu"), runs.script(client, HASTEN, nproc, "--cpu")
+                    rows.append(row(client, nproc, peer, ours, phase=None))
+                    if client == "diffusers_client":
+                        resumed = runs.script(client, HASTEN, nproc, "--cpu", resume_from="checkpoint-4")
+                        rows.append(row(f"{client}: resumed", nproc,
+                                        runs.script(client, PEER, nproc, "--cpu", resume_from="checkpoint-4"),
+                                        resumed, phase=None))
     print_table(rows, args.markdown)
     print(f"\n{len(rows)} rows in {time.perf_counter() - started:.0f}s; runs in {root}")
     return 0

@@ -187,7 +187,8 @@ def run_scenario(name, cfg, record, phase, checkpoints, out):
         resume_step = cfg["save_at"] * cfg["accum"]
         starting_epoch = resume_step // len(train_dl)
         resume_step -= starting_epoch * len(train_dl)
-        record(k="loaded", s=name, ph=phase, rng=rng_digest(), lr=hexf(scheduler.get_last_lr()[0]))
+        record(k="loaded", s=name, ph=phase, rng=rng_digest(), lr=hexf(scheduler.get_last_lr()[0]),
+               params=param_sums(model, accelerator), moments=moment_sums(optimizer))
 
     for epoch in range(starting_epoch, cfg["epochs"]):
         model.train()
@@ -230,8 +231,17 @@ def run_scenario(name, cfg, record, phase, checkpoints, out):
                 record(k="eval", s=name, ph=phase, ep=epoch, st=step, rows=rows.tolist(),
                        preds=[hexf(p) for p in preds.tolist()])
 
-    params = {n: hexf(p.detach().double().sum()) for n, p in accelerator.unwrap_model(model).named_parameters()}
-    record(k="final", s=name, ph=phase, params=params, rng=rng_digest())
+    record(k="final", s=name, ph=phase, params=param_sums(model, accelerator), rng=rng_digest())
+
+
+def param_sums(model, accelerator):
+    return {n: hexf(p.detach().double().sum()) for n, p in accelerator.unwrap_model(model).named_parameters()}
+
+
+def moment_sums(optimizer):
+    """The optimizer's per-parameter state, summed (what load_state restored)."""
+    return [{k: hexf(v.double().sum()) if torch.is_tensor(v) else v for k, v in sorted(state.items())}
+            for state in optimizer.state_dict()["state"].values()]
 
 
 def processes_still_together():
