@@ -62,7 +62,12 @@ def test_gather_for_metrics(runs: Runs, scenario: str, nproc: int) -> None:
 def test_setup_facts(runs: Runs, nproc: int) -> None:
     """What a script reads after prepare: distributed type, precision, loader lengths, the RNG after prepare."""
     peer, ours = runs.matrix(PEER, nproc), runs.matrix(HASTEN, nproc)
-    peer.check(), ours.check()
+    peer.check()
+    # The reference must really be Accelerate on nproc processes (a wrong launch form runs 1 process silently).
+    setups = peer.of("setup", "plain")
+    assert sorted(r["r"] for r in setups) == list(range(nproc))
+    assert {(r["num_processes"], r["distributed_type"]) for r in setups} == {(nproc, "MULTI_CPU" if nproc > 1 else "NO")}
+    ours.check()
     fields = ("distributed_type", "num_processes", "mixed_precision", "train_batches", "eval_batches", "rng")
     problems = []
     for scenario in SCENARIOS:
