@@ -131,8 +131,8 @@ def local_progress() -> list[int] | None:
         return None
 
 
-def progress_of(rank: int) -> list[int] | None:
-    """What `rank` last published of its progress (None when nothing)."""
+def progress_of(rank: int) -> dict[str, Any] | None:
+    """What `rank` last published of its progress: ``{"seq": n, "counts": [...]}`` (None when nothing)."""
     key = _PROGRESS_KEY.format(rank)
     try:
         return json.loads(_store.get(key)) if _store is not None and _store.check([key]) else None
@@ -325,7 +325,7 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
     looker = _Looker()
     key = _KEY.format(rank)
     published: dict[str, Any] | None = None
-    seq, last_publish, last_read, last_progress = 0, 0.0, 0.0, 0.0
+    seq, last_publish, last_read, last_progress, progress_seq = 0, 0.0, 0.0, 0.0, 0
     progress: list[int] | None = None
     suspect: tuple[float, list[tuple[Any, ...]]] | None = None  # (since, places) of a possible deadlock
     while True:
@@ -337,7 +337,8 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
                 last_progress = now
                 current = local_progress()
                 if current is not None and current != progress:
-                    store.set(_PROGRESS_KEY.format(rank), json.dumps(current))
+                    progress_seq += 1
+                    store.set(_PROGRESS_KEY.format(rank), json.dumps({"seq": progress_seq, "counts": current}))
                     progress = current
             if wait != published or (wait is not None and now - last_publish >= _HEARTBEAT):
                 seq += 1

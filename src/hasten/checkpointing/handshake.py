@@ -87,6 +87,7 @@ def decide(num_processes: int, site: list[str]) -> Decision:
     start = time.monotonic()
     baseline = {r: (p or {}).get("seq", 0) for r, p in enumerate(watchdog.positions()) if r in pending}
     mine = watchdog.local_progress()
+    progress_base = {r: (watchdog.progress_of(r) or {}).get("seq", 0) for r in pending} if watchdog.running() else {}
     use_watchdog = watchdog.running()
     seen: list[dict[str, Any] | None] = []
     polls = 0
@@ -107,8 +108,9 @@ def decide(num_processes: int, site: list[str]) -> Decision:
             why = None
             if position is not None and position.get("wait") is not None and position["seq"] >= baseline.get(rank, 0) + 2:
                 why = watchdog.describe(rank, position["wait"])
-            elif use_watchdog and polls % 5 == 1 and _ahead(watchdog.progress_of(rank), mine):
-                # it took a training batch the main process has not: it went past this save without calling it
+            elif (use_watchdog and polls % 5 == 1
+                  and _ahead(watchdog.progress_of(rank), progress_base.get(rank, 0), mine)):
+                # since this save began it took a training batch the main process has not: it went past this save
                 why = f"rank {rank} went on to its next training batch"
             elif time.monotonic() - start >= (GRACE if use_watchdog else GRACE_WITHOUT_WATCHDOG):
                 why = f"rank {rank} showed no sign of calling it within {time.monotonic() - start:.0f} s"
@@ -131,9 +133,13 @@ def decide(num_processes: int, site: list[str]) -> Decision:
     return decision
 
 
-def _ahead(theirs: list[int] | None, mine: list[int] | None) -> bool:
-    """Whether a process's training loaders handed out more batches than the main process's (same loaders)."""
-    return bool(theirs and mine and len(theirs) == len(mine) and any(t > m for t, m in zip(theirs, mine)))
+def _ahead(theirs: dict[str, Any] | None, base: int, mine: list[int] | None) -> bool:
+    """Whether a process published, after this save began (`base`: its publication number then), that its
+    training loaders handed out more batches than the main process's (the same loaders)."""
+    if not theirs or theirs["seq"] <= base or not mine:
+        return False  # an older publication may be of loaders (or an Accelerator) the process no longer uses
+    counts = theirs["counts"]
+    return len(counts) == len(mine) and any(t > m for t, m in zip(counts, mine))
 
 
 def answer(decision: Decision, reply: dict[str, Any]) -> None:
