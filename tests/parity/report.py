@@ -70,7 +70,8 @@ def row(case: str, nproc: int, peer: Run, ours: Run, scenario: str | None = None
     metric_p, metric_h = peer.of("metric", scenario, phase), ours.of("metric", scenario, phase)
     out.update(
         steps=f"{sum((r['r'], r['ep'], r['st']) in keys for r in steps)}/{len(steps)}",
-        first_diff="-" if first is None else f"ep{first[1]['ep']} st{first[1]['st']} r{first[1]['r']}: {_brief(first[2])}",
+        first_diff="-" if first is None else
+        f"ep{first[1]['ep']} st{first[1]['st']} r{first[1]['r']}: {_brief(first[2])}",
         max_loss_diff="-" if loss is None else f"{loss:.3g}",
         lr_equal=_equal(steps, mine, "lr"), idx_equal=_equal(steps, mine, "idx"),
         eval_rows=f"{_eval_rows(peer, scenario, phase)}/{_eval_rows(ours, scenario, phase)}"
@@ -137,19 +138,26 @@ def main(argv: list[str] | None = None) -> int:
             if "matrix" in wanted:
                 peer, ours = runs.matrix(PEER, nproc), runs.matrix(HASTEN, nproc)
                 rows += [row(s, nproc, peer, ours, s) for s in scenario_names()]
-                rows.append(row("resume: own ckpt vs never stopped", nproc, *exactness(peer, runs.matrix(HASTEN, nproc, "resume")),
+                resumed = runs.matrix(HASTEN, nproc, "resume")
+                rows.append(row("resume: own ckpt vs never stopped", nproc, *exactness(peer, resumed),
                                 "resume", "train"))
                 rows.append(row("resume: accelerate's ckpt", nproc, runs.matrix(PEER, nproc, "resume"),
                                 runs.matrix(HASTEN, nproc, "resume", PEER), "resume", "resume"))
             for client in CLIENTS:
-                if client in wanted:
-                    peer, ours = runs.script(client, PEER, nproc, "--cpu"), runs.script(client, HASTEN, nproc, "--cpu")
-                    rows.append(row(client, nproc, peer, ours, phase=None))
-                    if client == "diffusers_client":
-                        resumed = runs.script(client, HASTEN, nproc, "--cpu", resume_from="checkpoint-4")
-                        rows.append(row(f"{client}: resumed", nproc,
-                                        runs.script(client, PEER, nproc, "--cpu", resume_from="checkpoint-4"),
-                                        resumed, phase=None))
+                if client not in wanted:
+                    continue
+                peer, ours = runs.script(client, PEER, nproc, "--cpu"), runs.script(client, HASTEN, nproc, "--cpu")
+                rows.append(row(client, nproc, peer, ours, phase=None))
+                if client == "diffusers_client":  # resumed from checkpoint-4: steps keep their numbers
+                    resumed = runs.script(client, HASTEN, nproc, "--cpu", resume_from="checkpoint-4")
+                    first = min(((r["ep"], r["st"]) for r in resumed.of("step")), default=(0, 0))
+                    later = replace(peer, records=[r for r in peer.records if r["k"] != "step"
+                                                   or (r["ep"], r["st"]) >= first])
+                    rows.append(row(f"{client}: own ckpt vs never stopped", nproc, later, resumed, phase=None))
+                    rows.append(row(f"{client}: accelerate's ckpt", nproc,
+                                    runs.script(client, PEER, nproc, "--cpu", resume_from="checkpoint-4"),
+                                    runs.script(client, HASTEN, nproc, "--cpu", resume_from="checkpoint-4",
+                                                checkpoints_of=PEER), phase=None))
     print_table(rows, args.markdown)
     print(f"\n{len(rows)} rows in {time.perf_counter() - started:.0f}s; runs in {root}")
     return 0

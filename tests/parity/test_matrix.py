@@ -66,7 +66,8 @@ def test_setup_facts(runs: Runs, nproc: int) -> None:
     # The reference must really be Accelerate on nproc processes (a wrong launch form runs 1 process silently).
     setups = peer.of("setup", "plain")
     assert sorted(r["r"] for r in setups) == list(range(nproc))
-    assert {(r["num_processes"], r["distributed_type"]) for r in setups} == {(nproc, "MULTI_CPU" if nproc > 1 else "NO")}
+    expected = (nproc, "MULTI_CPU" if nproc > 1 else "NO")
+    assert {(r["num_processes"], r["distributed_type"]) for r in setups} == {expected}
     ours.check()
     fields = ("distributed_type", "num_processes", "mixed_precision", "train_batches", "eval_batches", "rng")
     problems = []
@@ -80,7 +81,7 @@ def test_setup_facts(runs: Runs, nproc: int) -> None:
 
 @pytest.mark.parametrize("nproc", PROCESSES)
 def test_reset_state_between_accelerators(runs: Runs, nproc: int) -> None:
-    """`AcceleratorState._reset_state(True)` then `GradientState._reset_state()`, as Accelerate's test scripts call them."""
+    """`AcceleratorState._reset_state(True)`, `GradientState._reset_state()`: as Accelerate's test scripts call them."""
     ours = runs.matrix(HASTEN, nproc)
     ours.check()
     errors = sorted({r["error"] for r in ours.of("reset_error")})

@@ -1,4 +1,4 @@
-"""Fine-tune MiniLM on a small sentence-classification CSV with Accelerate, the way Hugging Face's no_trainer examples do.
+"""Fine-tune MiniLM on a small sentence-classification CSV with Accelerate, as Hugging Face's no_trainer examples do.
 
 A client written here in the style of transformers'
 ``examples/pytorch/text-classification/run_glue_no_trainer.py``: ``datasets``

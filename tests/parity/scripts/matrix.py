@@ -175,7 +175,8 @@ def run_scenario(name, cfg, record, phase, checkpoints, out):
     # Sized as Hugging Face's no_trainer examples size it under Accelerate: steps * num_processes.
     steps_per_epoch = math.ceil(len(train_dl) / cfg["accum"])
     max_train_steps = cfg["epochs"] * steps_per_epoch
-    scheduler = accelerator.prepare(make_scheduler(cfg["sched"], optimizer, max_train_steps * accelerator.num_processes))
+    total = max_train_steps * accelerator.num_processes
+    scheduler = accelerator.prepare(make_scheduler(cfg["sched"], optimizer, total))
     record(k="setup", s=name, ph=phase, distributed_type=getattr(accelerator.distributed_type, "value",
                                                                    str(accelerator.distributed_type)),
            num_processes=accelerator.num_processes, mixed_precision=accelerator.mixed_precision,
