@@ -191,7 +191,10 @@ class PreparedDataLoader(DataLoader):
 
     # -- iteration ------------------------------------------------------------------------
     def _start_pass(self, skip: int) -> Iterator[Any]:
-        continuing = self.cursor.resumed and skip > 0
+        # The first pass after a mid-pass checkpoint continues that pass: after skipping to where it stopped, or
+        # from its start when the loop skips the done batches itself (diffusers' examples `continue` past them).
+        # Either way it replays the pass's shuffle and draws nothing, as the uninterrupted run did not.
+        continuing = self.cursor.resumed
         self.cursor.resumed = False
         if self.order is not None:
             self.order.begin_pass(continuing)
