@@ -170,26 +170,27 @@ def subtests(script: str, source: str) -> list[SubTest]:
     return [SubTest(script, i, ast.unparse(node.value)) for i, node in enumerate(calls)]
 
 
-class _KeepOne(ast.NodeTransformer):
-    """main() with every test call but one replaced by `pass`, and a marker printed before the kept one."""
+class _Keep(ast.NodeTransformer):
+    """main() with the test calls not kept replaced by `pass`, and a marker printed before each kept one."""
 
-    def __init__(self, keep: ast.Expr, drop: list[ast.Expr]) -> None:
-        self.keep, self.drop = keep, {id(node) for node in drop}
+    def __init__(self, keep: list[ast.Expr], calls: list[ast.Expr]) -> None:
+        self.keep, self.calls = {id(node) for node in keep}, {id(node) for node in calls}
 
     def visit_Expr(self, node: ast.Expr):  # noqa: N802 - ast's naming
-        if node is self.keep:
-            marker = ast.parse(f"print({MARK!r}, flush=True)").body[0]
-            return [marker, node]
-        if id(node) in self.drop:
+        if id(node) in self.keep:
+            return [ast.parse(f"print({MARK!r}, flush=True)").body[0], node]
+        if id(node) in self.calls:
             return ast.Pass()
         return node
 
 
-def subtest_main(source: str, index: int) -> str:
+def subtest_main(source: str, indices: int | list[int]) -> str:
+    """The source of `_subtest_main`: main() running only the test calls at `indices` (one sub-test, or a batch)."""
     tree = ast.parse(source)
     calls = test_calls(tree)
+    keep = [calls[i] for i in ([indices] if isinstance(indices, int) else indices)]
     main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
-    main = _KeepOne(calls[index], calls).visit(main)
+    main = _Keep(keep, calls).visit(main)
     main.name = "_subtest_main"
     return ast.unparse(ast.fix_missing_locations(ast.Module(body=[main], type_ignores=[])))
 
@@ -250,9 +251,11 @@ def first_error(output: str) -> str:
     return tail[-1][:200] if tail else "(no output)"
 
 
-def run_one(library: str, python: str, directory: Path, test: SubTest, source: str, processes: int,
-            timeout: int) -> dict:
-    """Run one sub-test; returns {"status": pass|fail|n/a, "error": first error line, "seconds": ...}."""
+def run_one(library: str, python: str, directory: Path, test: SubTest | list[SubTest], source: str, processes: int,
+            timeout: int, lock: str | None = None) -> dict:
+    """Run one sub-test (or a batch of one script's); returns {"status": pass|fail|n/a, "error": ..., "seconds": ...}."""
+    batch = test if isinstance(test, list) else [test]
+    test = batch[0]
     module = module_name(test.script)
     with tempfile.TemporaryDirectory(prefix="subtest-") as tmp:
         argv = ["--cpu"] if test.script.startswith("examples/") else []
@@ -260,13 +263,13 @@ def run_one(library: str, python: str, directory: Path, test: SubTest, source: s
         driver = Path(tmp) / "driver.py"
         offline = any(word in source for word in ("from_pretrained", "load_dataset", "evaluate"))
         driver.write_text(DRIVER.format(directory=str(directory), module=module, argv=argv, offline=offline,
-                                        main=subtest_main(source, test.index)))
+                                        main=subtest_main(source, [t.index for t in batch])))
         env = dict(os.environ, PYTHONPATH=str(directory), ACCELERATE_USE_CPU="1", PYTHONWARNINGS="ignore",
                    WANDB_MODE="offline", WANDB_DIR=tmp, MLFLOW_TRACKING_URI=f"sqlite:///{tmp}/mlflow.db")
         env.pop("HASTEN_LAUNCH_SPEC", None)
         command = ["timeout", "-k", "5", str(timeout), *launch_command(library, python, driver, processes)]
-        if processes > 1:  # one multi-process run at a time on this machine (the wait is not timed)
-            command = ["flock", "/tmp/hasten-mp.lock", *command]
+        if processes > 1 and lock:  # one multi-process run at a time on a shared machine (the wait is not timed)
+            command = ["flock", lock, *command]
         start = time.monotonic()
         try:
             result = subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True)
@@ -296,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accelerate-repo", help="a clone (or bare git dir) of huggingface/accelerate for examples/")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--only", action="append", help="run sub-tests whose name contains this (repeatable)")
-    parser.add_argument("--fast", action="store_true", help="only the fast subset (used by CI)")
+    parser.add_argument("--fast", action="store_true",
+                        help="CI: the fast subset under hasten only, one launch per script and process count")
+    parser.add_argument("--lock", help="a file to flock around each multi-process run (a machine shared by several users)")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per sub-test")
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "peer_subtests_cache.json"),
                         help="where the peer's results are kept between runs")
@@ -321,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     dirs = {"peer": work / "peer", "hasten": work / "hasten"}
     for library, directory in dirs.items():
         build_tree(directory, library, peer_root, sources, args.accelerate_repo)
+    if args.fast:
+        return run_fast(args, tests, sources, dirs["hasten"])
     cache = json.loads(Path(args.cache).read_text()) if os.path.exists(args.cache) else {}
     results: list[dict] = []
     for test in tests:
@@ -329,12 +336,13 @@ def main(argv: list[str] | None = None) -> int:
             key = cache_key(test, source, processes)
             peer = {"status": "pass", "error": "", "seconds": 0.0} if args.hasten_only else cache.get(key)
             if peer is None:
-                peer = run_one("peer", args.peer_python, dirs["peer"], test, source, processes, args.timeout)
+                peer = run_one("peer", args.peer_python, dirs["peer"], test, source, processes, args.timeout, args.lock)
                 cache[key] = peer
                 Path(args.cache).write_text(json.dumps(cache, indent=1))
             ours = None
             if peer["status"] == "pass" and not args.peer_only:
-                ours = run_one("hasten", args.hasten_python, dirs["hasten"], test, source, processes, args.timeout)
+                ours = run_one("hasten", args.hasten_python, dirs["hasten"], test, source, processes, args.timeout,
+                               args.lock)
             row = {"subtest": test.name, "processes": processes, "peer": peer, "hasten": ours}
             results.append(row)
             shown = ours["status"] if ours else "-"
@@ -344,6 +352,20 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print_table(results)
     return 0 if args.peer_only or all(r["hasten"] is None or r["hasten"]["status"] == "pass" for r in results) else 1
+
+
+def run_fast(args: argparse.Namespace, tests: list[SubTest], sources: dict[str, str], directory: Path) -> int:
+    """Each script's selected sub-tests in one launch per process count, under hasten only; 0 when all pass."""
+    failed = 0
+    for script in dict.fromkeys(t.script for t in tests):
+        batch = [t for t in tests if t.script == script]
+        for processes in args.processes:
+            result = run_one("hasten", args.hasten_python, directory, batch, sources[script], processes,
+                             args.timeout, args.lock)
+            failed += result["status"] == "fail"
+            print(f"{script} x{processes}: {len(batch)} sub-test(s) {result['status']} in {result['seconds']} s "
+                  f"{result['error']}", flush=True)
+    return 1 if failed else 0
 
 
 def print_table(results: list[dict]) -> None:

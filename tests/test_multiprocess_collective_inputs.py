@@ -48,11 +48,11 @@ def test_mismatches_raise_one_sentence_on_every_rank_without_debug_mode(ranks):
     errors = ranks[0]["errors"]
     same, ops = script_line('"same_count":'), script_line('"different_ops":')
     assert errors["same_count"] == (
-        f"ValueError: gather needs the same shape and dtype on every process, got rank 0: (4,) float32 at "
+        f"CollectiveShapeMismatch: gather needs the same shape and dtype on every process, got rank 0: (4,) float32 at "
         f"mp_collective_inputs.py:{same}, rank 1: (2, 2) float32 at mp_collective_inputs.py:{same}; use "
         "pad_across_processes first or gather_object for ragged data.")
     assert "rank 0: (4,) float32" in errors["different_count"] and "rank 1: (5,) float32" in errors["different_count"]
     assert "rank 0: (3,) float32" in errors["dtype"] and "rank 1: (3,) float64" in errors["dtype"]
-    assert errors["different_ops"].startswith("RuntimeError: the processes called different collectives: "
+    assert errors["different_ops"].startswith("CollectiveOrderMismatch: the processes called different collectives: "
                                               f"rank 0 in gather at mp_collective_inputs.py:{ops}, rank 1 in reduce")
     assert ranks[0]["after"] == [0, 1]  # the process group still works after the errors

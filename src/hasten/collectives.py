@@ -30,6 +30,9 @@ import torch.distributed as dist
 from . import host_board, watchdog
 
 __all__ = [
+    "DistributedOperationException",
+    "CollectiveShapeMismatch",
+    "CollectiveOrderMismatch",
     "recursively_apply",
     "send_to_device",
     "gather",
@@ -147,6 +150,26 @@ def _describe(tensors: list[torch.Tensor], ignore_dim: int | None) -> tuple[Any,
     return tuple(described)
 
 
+class DistributedOperationException(Exception):
+    """Processes disagree about a collective (different operations, or different shapes / dtypes); the peer's name.
+
+    hasten raises it as a ValueError (shapes) or RuntimeError (operations)
+    as well, so either kind of handler catches it.
+
+    Example:
+        >>> issubclass(CollectiveShapeMismatch, (DistributedOperationException, ValueError))
+        True
+    """
+
+
+class CollectiveShapeMismatch(DistributedOperationException, ValueError):
+    """The processes are in the same collective with tensors of different shapes or dtypes."""
+
+
+class CollectiveOrderMismatch(DistributedOperationException, RuntimeError):
+    """The processes are in different collectives."""
+
+
 def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = None) -> None:
     """Raise on every process if the processes are not all in `operation` with the same shapes and dtypes.
 
@@ -174,7 +197,7 @@ def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = No
     operations = {report[0] for report in reports}
     if len(operations) > 1:
         listing = ", ".join(f"rank {r} in {op} at {site}" for r, (op, _, site) in enumerate(reports))
-        raise RuntimeError(f"the processes called different collectives: {listing}; every process must make the "
+        raise CollectiveOrderMismatch(f"the processes called different collectives: {listing}; every process must make the "
                            "same collective calls in the same order.")
 
     def shapes(entry: tuple[Any, ...]) -> str:
@@ -183,7 +206,7 @@ def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = No
     listing = ", ".join(f"rank {r}: {shapes(described)} at {site}" for r, (_, described, site) in enumerate(reports))
     hint = ("use pad_across_processes first or gather_object for ragged data" if operation == "gather"
             else "make every process pass tensors of the same shapes and dtypes")
-    raise ValueError(f"{operation} needs the same shape and dtype on every process, got {listing}; {hint}.")
+    raise CollectiveShapeMismatch(f"{operation} needs the same shape and dtype on every process, got {listing}; {hint}.")
 
 
 # torch 2.13 renamed all_gather_into_tensor (older versions only have the old name).

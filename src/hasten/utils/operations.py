@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import collectives
-from ..collectives import recursively_apply, send_to_device
+from ..collectives import DistributedOperationException, recursively_apply, send_to_device
 
 __all__ = [
     "DistributedOperationException",
@@ -42,15 +42,6 @@ __all__ = [
     "send_to_device",
     "slice_tensors",
 ]
-
-
-class DistributedOperationException(Exception):
-    """Raised by a collective whose inputs differ between processes (hasten raises RuntimeError/ValueError itself).
-
-    Example:
-        >>> issubclass(DistributedOperationException, Exception)
-        True
-    """
 
 
 def is_torch_tensor(tensor: Any) -> bool:
