@@ -253,3 +253,13 @@ def test_free_memory_forgets_prepared_objects():
     model = acc.prepare(torch.nn.Linear(2, 2))
     (model,) = acc.free_memory(model)
     assert model is None and acc._models == []
+
+
+def test_fp16_clipping_on_a_non_sync_step_is_refused_in_one_sentence():
+    acc = Accelerator(cpu=True, mixed_precision="fp16", gradient_accumulation_steps=2)  # (the suite's real CPU fp16)
+    model, optimizer, loader = make_run(acc, n=8, batch=4)
+    x, y = next(iter(loader))
+    with acc.accumulate(model):
+        acc.backward(torch.nn.functional.mse_loss(model(x), y))
+        with pytest.raises(RuntimeError, match=r"would unscale a partial gradient; call it under `if accelerator.sync"):
+            acc.clip_grad_norm_(model.parameters(), 1.0)

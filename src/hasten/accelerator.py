@@ -521,11 +521,21 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             >>> float(accelerator.clip_grad_norm_(model.parameters(), 1.0)) > 0
             True
         """
+        self._refuse_partial_unscale("clip_grad_norm_")
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type, self._optimizers)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Clip each gradient element to [-clip_value, clip_value] (after unscaling under fp16)."""
+        self._refuse_partial_unscale("clip_grad_value_")
         self.strategy.clip_grad_value_(parameters, clip_value, self._optimizers)
+
+    def _refuse_partial_unscale(self, name: str) -> None:
+        # Under fp16 clipping unscales the gradients; on an accumulation step that does not synchronise, the next
+        # backward would add scaled gradients to unscaled ones (Accelerate raises torch's "unscale_() has already
+        # been called" one step later).
+        if self.scaler is not None and not self.gradient_state.sync_gradients:
+            raise RuntimeError(f"accelerator.{name} under fp16 on an accumulation step that does not synchronise "
+                               "would unscale a partial gradient; call it under `if accelerator.sync_gradients:`.")
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
