@@ -69,9 +69,13 @@ SCRIPT_ARGS = {
     "fsdp_with_peak_mem_tracking.py": ["--model_name_or_path", "bert-base-cased", "--output_dir", "{tmp}"],
 }
 # The fast subset (CI): cheap sub-tests that cover state, collectives, sync and data order.
+# The fast subset (CI): sub-tests Accelerate passes here on 1 and 2 processes that cover state, collectives,
+# gradient sync, data loading and training; about 20 s under hasten.
 FAST = ("test_ops.py", "test_sync.py", "test_script.py::init_state_check", "test_script.py::rng_sync_check",
-        "test_script.py::dl_preparation_check", "test_script.py::central_dl_preparation_check",
-        "test_script.py::process_execution_check", "test_script.py::test_split_between")
+        "test_script.py::central_dl_preparation_check", "test_script.py::process_execution_check",
+        "test_script.py::test_split_between", "test_script.py::check_seedable_sampler()",
+        "test_script.py::check_seedable_sampler_with_data_seed",
+        "test_script.py::training_check", "test_script.py::test_trigger", "test_script.py::test_reinstantiated_state")
 MARK = "@@subtest-ran@@"
 ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::.*)?)$")
 
