@@ -263,3 +263,25 @@ def test_fp16_clipping_on_a_non_sync_step_is_refused_in_one_sentence():
         acc.backward(torch.nn.functional.mse_loss(model(x), y))
         with pytest.raises(RuntimeError, match=r"would unscale a partial gradient; call it under `if accelerator.sync"):
             acc.clip_grad_norm_(model.parameters(), 1.0)
+
+
+def test_the_attributes_diffusers_and_accelerate_examples_read():
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    assert acc.native_amp and acc.fp8_recipe_handler is None and acc.parallelism_config is None
+    assert acc.torch_device_mesh is None  # no engine mesh without FSDP / a ParallelismConfig
+    acc.native_amp = False  # what diffusers' examples do on Apple's MPS: autocast off from here on
+    model = acc.prepare(torch.nn.Linear(2, 2))
+    with acc.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    assert "forward" not in vars(model)
+    with acc.maybe_context_parallel(buffers=[torch.ones(1, 4)], buffer_seq_dims=[1]):
+        pass  # no context parallelism configured: the block just runs, as under Accelerate
+
+
+def test_test_utils_face_has_what_the_examples_import():
+    from hasten.test_utils import torch_device
+    from hasten.test_utils.training import MRPC_FILES, mocked_dataloaders, mocked_dataloaders_for_autoregressive_models
+
+    assert torch_device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert MRPC_FILES["train"].endswith("MRPC/train.csv")
+    assert callable(mocked_dataloaders) and callable(mocked_dataloaders_for_autoregressive_models)

@@ -184,6 +184,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
         self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
 
+        # Accelerate's fp8 recipe handlers: hasten drives no fp8 engine yet, so none is ever set.
+        self.fp8_recipe_handler = self.ao_recipe_handler = self.te_recipe_handler = self.msamp_recipe_handler = None
         self.profile_handler: ProfileKwargs | None = handlers.get(ProfileKwargs)
         self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
         ddp_handler = handlers.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs())

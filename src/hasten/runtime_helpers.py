@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from typing import Any, Iterator
 
 import torch
@@ -11,6 +13,8 @@ from torch import nn
 from .options import AutocastKwargs, DataLoaderConfiguration, DynamoBackend, TorchDynamoPlugin
 
 __all__ = ["RuntimeHelpersMixin", "make_dynamo_plugin"]
+
+_logger = logging.getLogger("hasten")
 
 
 def make_dynamo_plugin(dynamo_backend: Any = None, dynamo_plugin: TorchDynamoPlugin | None = None) -> TorchDynamoPlugin:
@@ -155,6 +159,60 @@ class RuntimeHelpersMixin:
         """
         with self.strategy.sync_in_backward(model):
             yield
+
+    # -- parallelism ------------------------------------------------------------------------
+    @property
+    def parallelism_config(self) -> Any:
+        """The `ParallelismConfig` this Accelerator was given (None without one)."""
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The `DeviceMesh` the engine shards over (FSDP2 / a ParallelismConfig), else None.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).torch_device_mesh is None
+            True
+        """
+        return self.strategy.device_mesh
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
+        """Context parallelism around one step when `parallelism_config.cp_size > 1`; otherwise nothing (as Accelerate).
+
+        hasten refuses ``cp_size > 1`` when the `ParallelismConfig` is built,
+        so here this block only runs its body (and says so once).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> with Accelerator(cpu=True).maybe_context_parallel():
+            ...     pass
+        """
+        if not getattr(self, "_said_no_cp", False):
+            self._said_no_cp = True
+            _logger.warning("Context parallel training is not enabled: maybe_context_parallel has no effect "
+                            "(Accelerate's behaviour without parallelism_config.cp_size > 1).")
+        yield
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether prepared models run under autocast (False: full precision, or turned off by setting it).
+
+        As in Accelerate, ``accelerator.native_amp = False`` (diffusers does it on
+        Apple's MPS) turns autocast off for models prepared afterwards and for
+        `accelerator.autocast()`; an fp16 loss scaler already made stays.
+        """
+        return self.precision.dtype is not None
+
+    @native_amp.setter
+    def native_amp(self, enabled: bool) -> None:
+        if not enabled and self.precision.dtype is not None:
+            self.precision = dataclasses.replace(self.precision, dtype=None)
+            self.strategy.precision = self.precision
+        elif enabled and self.precision.dtype is None and self.mixed_precision != "no":
+            raise ValueError("native_amp can only be turned off; build the Accelerator with the precision you want.")
 
     # -- settings ---------------------------------------------------------------------------
     @property

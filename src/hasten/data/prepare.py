@@ -34,7 +34,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ..gradient_state import GradientState
 from .loader import PreparedDataLoader, get_sampler, loader_kwargs
 from .order import PERMUTATION_LIMIT, SampleOrder
-from .samplers import SeedableRandomSampler
+from .samplers import SeedableRandomSampler, SeedableSampleOrder
 from .sharding import IterableDatasetShard, ShardedBatchSampler
 
 __all__ = ["prepare_data_loader"]
@@ -86,7 +86,8 @@ def _sample_order(loader: DataLoader, sampler: Any, sharded: bool, num_processes
         return SampleOrder(kind="keyed", seed=int(seed), **common)
     if seedable or isinstance(sampler, SeedableRandomSampler):
         seed = data_seed if data_seed is not None else getattr(sampler, "initial_seed", torch.random.initial_seed())
-        return SampleOrder(kind="seedable", seed=int(seed), generator=sampler.generator, **common)
+        return SeedableSampleOrder(sampler.data_source, seed=int(seed), generator=sampler.generator,
+                                   replacement=sampler.replacement, num_samples=sampler._num_samples)
     generator = sampler.generator
     if generator is None and sharded:
         # Accelerate gives the sampler a generator seeded from the global RNG (every process agrees on it).

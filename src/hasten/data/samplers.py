@@ -13,7 +13,9 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import RandomSampler
 
-__all__ = ["SeedableRandomSampler"]
+from .order import SampleOrder
+
+__all__ = ["SeedableRandomSampler", "SeedableSampleOrder"]
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -45,3 +47,35 @@ class SeedableRandomSampler(RandomSampler):
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle the next pass uses."""
         self.epoch = epoch
+
+
+class SeedableSampleOrder(SampleOrder, SeedableRandomSampler):
+    """The seekable order `prepare` puts in place of a RandomSampler under ``use_seedable_sampler=True``.
+
+    It is a `SampleOrder` of kind ``seedable`` (pass e shuffles with
+    ``initial_seed + e``) and, as under Accelerate, a `SeedableRandomSampler`
+    for code that checks the sampler's type.
+
+    Example:
+        >>> order = SeedableSampleOrder(range(5), seed=3)
+        >>> isinstance(order, SeedableRandomSampler), order.initial_seed, sorted(order) == list(range(5))
+        (True, 3, True)
+    """
+
+    def __init__(self, data_source: Any, seed: int, generator: torch.Generator | None = None, replacement: bool = False,
+                 num_samples: int | None = None) -> None:
+        SampleOrder.__init__(self, len(data_source), kind="seedable", seed=seed, generator=generator,
+                             replacement=replacement, num_samples=num_samples)
+        self.data_source = data_source
+
+    @property
+    def initial_seed(self) -> int:  # type: ignore[override]
+        return self.seed
+
+    @initial_seed.setter
+    def initial_seed(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    __iter__ = SampleOrder.__iter__
+    __len__ = SampleOrder.__len__
+    set_epoch = SampleOrder.set_epoch

@@ -90,6 +90,11 @@ class Strategy:
         self._follow_replaced_params(optimizer)
         return optimizer
 
+    @property
+    def device_mesh(self) -> Any:
+        """The `DeviceMesh` the engine shards over (None for engines without one)."""
+        return None
+
     def place_module(self, model: nn.Module, place: bool = True) -> nn.Module:
         """For evaluation only: cast the forward and place the model, never wrap it."""
         self.cast_forward(model)

@@ -129,6 +129,10 @@ class FSDPStrategy(Strategy):
                 self._mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp_shard",))
         return self._mesh
 
+    @property
+    def device_mesh(self) -> Any:
+        return self.mesh
+
     def _data_parallel_mesh(self) -> Any:
         names = [n for n in ("dp_replicate", "dp_shard") if n in (self.mesh.mesh_dim_names or ())]
         if not names:  # e.g. tensor parallel only: FSDP over a mesh of one

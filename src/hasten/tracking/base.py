@@ -6,16 +6,25 @@ import enum
 import importlib.util
 from typing import Any
 
+from ..options import EnumWithContains
+
 __all__ = ["LoggerType", "GeneralTracker", "missing_package_error"]
 
 
-class LoggerType(str, enum.Enum):
-    """Names accepted by ``Accelerator(log_with=...)``.
+class LoggerType(str, enum.Enum, metaclass=EnumWithContains):
+    """Names accepted by ``Accelerator(log_with=...)`` (``str()``, ``list()`` and ``in`` as Accelerate's enums).
 
     Example:
-        >>> LoggerType.TENSORBOARD == "tensorboard"
-        True
+        >>> LoggerType.TENSORBOARD == "tensorboard", str(LoggerType.WANDB), "mlflow" in LoggerType
+        (True, 'wandb', True)
     """
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [member.value for member in cls]
 
     ALL = "all"
     JSONL = "jsonl"
