@@ -1,8 +1,27 @@
-"""The one typed value a launcher hands to every process it starts.
+"""The launcher -> worker contract: the one typed value a launcher hands to every process, and its names.
 
 Settings travel as a single JSON blob in one environment variable, instead
-of a dozen loosely typed variables spread across modules. `Accelerator()`
-reads it once; explicit constructor arguments win over it.
+of a dozen loosely typed variables spread across modules; each process
+decodes it once (`LaunchSpec.current`), and explicit `Accelerator`
+arguments win over it. Every other variable a hasten launcher passes to its
+processes, and the exit codes they answer with, are named here too, so
+launcher and worker can only disagree in one file:
+
+==========================  ============================================================
+``HASTEN_LAUNCH_SPEC``      the `LaunchSpec`, as JSON (`SPEC_ENV_VAR`)
+``HASTEN_BOARD_DIR``        the shared-memory directory of the mismatch check's board,
+                            when every process runs on this machine (`BOARD_DIR_ENV`)
+``HASTEN_PROGRESS_FILE``    the file the main process touches after its first training
+                            batch: a failed attempt got somewhere (`PROGRESS_FILE_ENV`)
+``HASTEN_PREEMPTION_RECORD`` where the main process writes what a preemption saved
+                            (`PREEMPTION_RECORD_ENV`)
+``ACCELERATE_*``, ...       the peer's variables, derived from the spec (`LaunchSpec.peer_env`)
+==========================  ============================================================
+
+Exit codes: `EXIT_PREEMPTED` (75, a checkpoint was saved: start the run
+again), `EXIT_FAILED` (1), `EXIT_INTERRUPTED` (130, Ctrl-C). The settings a
+user chooses through the environment (``HASTEN_DEBUG``,
+``HASTEN_WATCHDOG``, ...) are listed in docs/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -12,10 +31,20 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
-__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MIXED_PRECISION_CHOICES", "fp8_problem", "RESTART_COUNT_VAR"]
+__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
+           "RESTART_COUNT_VAR", "MAX_RESTARTS_VAR", "EXIT_PREEMPTED", "EXIT_FAILED", "EXIT_INTERRUPTED",
+           "MIXED_PRECISION_CHOICES", "fp8_problem"]
 
 SPEC_ENV_VAR = "HASTEN_LAUNCH_SPEC"
+BOARD_DIR_ENV = "HASTEN_BOARD_DIR"
+PROGRESS_FILE_ENV = "HASTEN_PROGRESS_FILE"
+PREEMPTION_RECORD_ENV = "HASTEN_PREEMPTION_RECORD"
 RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torch's elastic agent for the attempt it started
+MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early and resumes when started again
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 # The one list of mixed precision choices (flags, config files, Accelerator); "fp8" is refused by `fp8_problem`.
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 
@@ -131,14 +160,34 @@ class LaunchSpec:
             out["ACCELERATE_USE_DEEPSPEED"] = "true"
             out.update({name: _env_value(self.deepspeed.get(key)) for name, key in _DEEPSPEED_VARIABLES.items()
                         if self.deepspeed.get(key) is not None})
-        for name, ours in ((RESTART_COUNT_VAR, self.restart_count), ("TORCHELASTIC_MAX_RESTARTS", self.max_restarts)):
+        for name, ours in ((RESTART_COUNT_VAR, self.restart_count), (MAX_RESTARTS_VAR, self.max_restarts)):
             if name in env or ours:
                 agent = env.get(name, "0")
                 out[name] = str((int(agent) if agent.isdigit() else 0) + ours)
         return out
 
     @classmethod
+    def current(cls) -> "LaunchSpec":
+        """This process's spec, decoded once (again only if the variable changed, as between tests).
+
+        Example:
+            >>> LaunchSpec.current() is LaunchSpec.current()
+            True
+        """
+        global _decoded
+        raw = os.environ.get(SPEC_ENV_VAR)
+        if _decoded is None or _decoded[0] != raw:
+            _decoded = (raw, cls.from_env({SPEC_ENV_VAR: raw} if raw else {}))
+        return _decoded[1]
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "LaunchSpec":
+        """Decode the spec from `env` (default: this process's environment); readers use `current`.
+
+        Example:
+            >>> LaunchSpec.from_env({}) == LaunchSpec()
+            True
+        """
         env = os.environ if env is None else env
         raw = env.get(SPEC_ENV_VAR)
         if not raw:
@@ -154,3 +203,6 @@ class LaunchSpec:
                 f"{SPEC_ENV_VAR} has unknown keys {unknown}: the launcher and this process run different hasten versions."
             )
         return cls(**data)
+
+
+_decoded: tuple[str | None, LaunchSpec] | None = None  # (raw value, its decoding): see `LaunchSpec.current`
