@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import host_board, watchdog
+from .errors import CollectiveOrderMismatch, CollectiveShapeMismatch, DistributedOperationException
 
 __all__ = [
     "DistributedOperationException",
@@ -148,26 +149,6 @@ def _describe(tensors: list[torch.Tensor], ignore_dim: int | None) -> tuple[Any,
             shape[ignore_dim % t.ndim] = "*"
         described.append((tuple(shape), str(t.dtype).replace("torch.", "")))
     return tuple(described)
-
-
-class DistributedOperationException(Exception):
-    """Processes disagree about a collective (different operations, or different shapes / dtypes); the peer's name.
-
-    hasten raises it as a ValueError (shapes) or RuntimeError (operations)
-    as well, so either kind of handler catches it.
-
-    Example:
-        >>> issubclass(CollectiveShapeMismatch, (DistributedOperationException, ValueError))
-        True
-    """
-
-
-class CollectiveShapeMismatch(DistributedOperationException, ValueError):
-    """The processes are in the same collective with tensors of different shapes or dtypes."""
-
-
-class CollectiveOrderMismatch(DistributedOperationException, RuntimeError):
-    """The processes are in different collectives."""
 
 
 def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = None) -> None:

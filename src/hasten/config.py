@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin
 
+from .errors import ConfigError
 from .fsdp_plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
 from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
 
@@ -38,10 +39,6 @@ __all__ = [
 CONFIG_ENV_VAR = "HASTEN_CONFIG_FILE"
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 MIXED_PRECISIONS = MIXED_PRECISION_CHOICES  # spelled once, in launch_spec
-
-
-class ConfigError(ValueError):
-    """A config file or value that cannot be used; the message names it and says how to fix it."""
 
 
 def option(default: Any, help: str, choices: tuple[Any, ...] | None = None, question: str | None = None,
@@ -215,7 +212,7 @@ def check_layout(num_processes: int, num_machines: int, machine_rank: int, main_
         >>> check_layout(3, 2, 0, "10.0.0.1", None)
         Traceback (most recent call last):
         ...
-        hasten.config.ConfigError: num_processes 3 (the total across machines) is not divisible by num_machines 2; give every machine the same number of processes.
+        hasten.errors.ConfigError: num_processes 3 (the total across machines) is not divisible by num_machines 2; give every machine the same number of processes.
     """
     if num_machines < 1:
         raise ConfigError(f"num_machines must be at least 1, got {num_machines}.")

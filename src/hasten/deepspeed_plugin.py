@@ -24,14 +24,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .errors import DeepSpeedConfigError
+
 __all__ = ["DeepSpeedPlugin", "HfDeepSpeedConfig", "DummyOptim", "DummyScheduler", "require_deepspeed",
            "DeepSpeedConfigError"]
 
 INSTALL_HINT = "pip install 'hasten[deepspeed]'"
-
-
-class DeepSpeedConfigError(ValueError):
-    """A DeepSpeed config that disagrees with the Accelerator or the prepared objects."""
 
 
 def require_deepspeed() -> Any:

@@ -50,6 +50,8 @@ import time
 from types import FrameType
 from typing import Any, Callable
 
+from .errors import CollectiveDeadlock, CollectiveTimeout
+
 __all__ = ["waiting", "enter", "leave", "start", "running", "positions", "call_site", "user_site", "set_progress",
            "local_progress", "progress_of", "CollectiveDeadlock", "CollectiveTimeout"]
 
@@ -67,14 +69,6 @@ _VERDICT = "hasten/watchdog/verdict"
 _count = 0
 # (collective number or None when not counted, operation, caller frame, since)
 _current: tuple[int | None, str, FrameType | None, float] | None = None
-
-
-class CollectiveDeadlock(RuntimeError):
-    """The processes wait in different collectives: none can ever continue."""
-
-
-class CollectiveTimeout(RuntimeError):
-    """A collective reached the process group's timeout; the message says where every process was."""
 
 
 def _is_timeout(error: BaseException) -> bool:

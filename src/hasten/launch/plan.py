@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from ..config import ConfigError, check_layout
+from ..errors import LaunchError
 from ..launch_spec import LaunchSpec
 from .network import interface_for_address, is_loopback
 
@@ -23,10 +24,6 @@ __all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "availa
 
 WORKER_MODULE = "hasten.launch.worker"
 DEFAULT_MULTI_NODE_PORT = 29500
-
-
-class LaunchError(ValueError):
-    """A launch request that cannot work; the message says what to change."""
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
