@@ -29,15 +29,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..launch_spec import EXIT_PREEMPTED, PREEMPTION_RECORD_ENV as RECORD_ENV, PROGRESS_FILE_ENV as PROGRESS_ENV
+
 if TYPE_CHECKING:
     from ..accelerator import Accelerator
     from ..data import PreparedDataLoader
 
 __all__ = ["EXIT_PREEMPTED", "Preempted", "BoundaryWatch", "RECORD_ENV", "PROGRESS_ENV", "PREEMPTION_SIGNALS"]
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early and resumes when started again
-RECORD_ENV = "HASTEN_PREEMPTION_RECORD"
-PROGRESS_ENV = "HASTEN_PROGRESS_FILE"
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _CHECK_EVERY_SECONDS = 1.0
 
