@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin
 
 from .errors import ConfigError
-from .fsdp_plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
+from .strategies.fsdp.plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
 from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
 
 __all__ = [
@@ -450,23 +450,24 @@ def load_config(path: str | os.PathLike[str] | None = None, required: bool = Fal
 
 
 def save_config(config: LaunchConfig, path: str | os.PathLike[str] | None = None) -> Path:
-    """Write the config atomically as YAML (JSON when the name ends in .json); returns the path."""
+    """Write the config atomically as YAML (JSON when the name ends in .json); returns the path.
+
+    The file's mode follows the umask, as for every file hasten writes.
+
+    Example:
+        >>> import tempfile
+        >>> save_config(LaunchConfig(), Path(tempfile.mkdtemp()) / "c.yaml").name
+        'c.yaml'
+    """
     import json
-    import tempfile
 
     import yaml
+
+    from .atomic import atomic_write_text
 
     path = Path(path) if path is not None else default_config_path()
     config.validate()
     data = to_dict(config)
     text = json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
     return path
