@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from ..logging import get_logger
-from ..utils.environment import parse_flag_from_env
-from ..utils.other import recursive_getattr
+from ..environment import parse_flag_from_env
+from ..objects import recursive_getattr
 from .device_map import check_device_map, get_balanced_memory, infer_auto_device_map
 from .hooks import (
     AlignDevicesHook,

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.memory import clear_device_cache
-from ..utils.operations import send_to_device
+from ..collectives import send_to_device
+from ..memory import clear_device_cache
 from .offload import OffloadedWeightsLoader, PrefixedDataset
 from .sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..fsdp_plugin import FullyShardedDataParallelPlugin
-from ..options import DistributedType
-from ..precision import PrecisionPolicy, make_precision_policy
-from . import fsdp_checkpoint
-from .base import Strategy, notice_once
+from .plugin import FullyShardedDataParallelPlugin
+from ...options import DistributedType
+from ...precision import PrecisionPolicy, make_precision_policy
+from . import checkpoint as fsdp_checkpoint
+from ..base import Parameters, ShardedState, Strategy, notice_once
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..parallel.mesh import ParallelismConfig
 
 __all__ = ["FSDPStrategy"]
 
@@ -83,18 +88,18 @@ class FSDPStrategy(Strategy):
     state_needs_every_process = True
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy | None, plugin: FullyShardedDataParallelPlugin,
-                 world_size: int, parallelism_config: Any = None) -> None:
+                 world_size: int, parallelism_config: ParallelismConfig | None = None) -> None:
         super().__init__(device, precision)
         self.plugin = plugin
         self.world_size = world_size
         self.parallelism_config = parallelism_config
         self.writes_own_checkpoint_files = plugin.state_dict_type == "SHARDED_STATE_DICT"  # type: ignore[misc]
-        self._mesh: Any = None
+        self._mesh: DeviceMesh | None = None
         self._models: list[nn.Module] = []
 
     @classmethod
     def create(cls, device: torch.device, world_size: int, mixed_precision: str, plugin: FullyShardedDataParallelPlugin | None,
-               *, parallelism_config: Any = None, scaler_kwargs: dict[str, Any] | None = None,
+               *, parallelism_config: ParallelismConfig | None = None, scaler_kwargs: dict[str, Any] | None = None,
                sync_each_batch: bool = False) -> "FSDPStrategy":
         """The strategy with its precision: fp16 loss scaling agrees on inf/NaN across shards (`ShardedGradScaler`)."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -113,7 +118,7 @@ class FSDPStrategy(Strategy):
 
     # -- the mesh ------------------------------------------------------------------------------
     @property
-    def mesh(self) -> Any:
+    def mesh(self) -> DeviceMesh:
         """The `DeviceMesh`: from the ParallelismConfig, else 1-D (or 2-D for hybrid / no sharding) over all processes."""
         if self._mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
@@ -130,10 +135,10 @@ class FSDPStrategy(Strategy):
         return self._mesh
 
     @property
-    def device_mesh(self) -> Any:
+    def device_mesh(self) -> DeviceMesh:
         return self.mesh
 
-    def _data_parallel_mesh(self) -> Any:
+    def _data_parallel_mesh(self) -> DeviceMesh:
         names = [n for n in ("dp_replicate", "dp_shard") if n in (self.mesh.mesh_dim_names or ())]
         if not names:  # e.g. tensor parallel only: FSDP over a mesh of one
             from torch.distributed.device_mesh import init_device_mesh
@@ -225,7 +230,7 @@ class FSDPStrategy(Strategy):
         self.model_of(optimizer)  # refuse now an optimizer over parameters no prepared model holds
         return optimizer
 
-    def model_of(self, optimizer: Any) -> nn.Module:
+    def model_of(self, optimizer: torch.optim.Optimizer) -> nn.Module:
         """The prepared model whose parameters `optimizer` steps."""
         inner = getattr(optimizer, "optimizer", optimizer)
         params = {id(p) for group in inner.param_groups for p in group["params"]}
@@ -241,7 +246,8 @@ class FSDPStrategy(Strategy):
             return super().no_sync(model)
         return _GradientSyncOff(model)
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float, optimizers: Sequence[Any]) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Parameters, max_norm: float, norm_type: float,
+                        optimizers: Sequence[torch.optim.Optimizer]) -> torch.Tensor:
         """Clip by the global norm; gradients on different meshes (FSDP only vs FSDP x TP) are normed per mesh, then combined."""
         self.unscale_gradients(optimizers)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -283,14 +289,16 @@ class FSDPStrategy(Strategy):
     def load_model_gradients(self, model: nn.Module, gradients: dict[str, torch.Tensor]) -> None:
         fsdp_checkpoint.load_full_gradients(model, gradients)
 
-    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, int]:
+    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
         pairs = [(self.model_of(o), getattr(o, "optimizer", o)) for o in optimizers]
         return fsdp_checkpoint.save_sharded(directory, list(models), pairs)
 
-    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> Any:
+    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
         pairs = [(self.model_of(o), getattr(o, "optimizer", o)) for o in optimizers]
         return fsdp_checkpoint.read_sharded(directory, list(models), pairs)
 
-    def apply_checkpoint_files(self, contents: Any) -> None:
-        fsdp_checkpoint.apply_sharded(contents)
+    def apply_checkpoint_files(self, contents: ShardedState) -> None:
+        fsdp_checkpoint.apply_sharded(cast(fsdp_checkpoint.ShardedContents, contents))
 

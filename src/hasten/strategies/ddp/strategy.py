@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..options import DistributedType
-from ..precision import PrecisionPolicy
-from .base import Strategy
+from ...options import DistributedType
+from ...precision import PrecisionPolicy
+from ..base import Strategy
 
 __all__ = ["DDPStrategy"]
 

@@ -5,21 +5,27 @@ Sharded files keep the peer's layout inside a checkpoint: one DCP directory
 per model (``pytorch_model_fsdp_<i>``) and per optimizer (``optimizer_<i>``),
 each process writing its own ``__<rank>_0.distcp`` and the main process the
 ``.metadata``. `hasten merge-weights` turns a model directory into safetensors.
+
+`save_state` / `load_state` already save and load FSDP models and optimizers;
+the peer's `save_fsdp_model` / `load_fsdp_model` / `save_fsdp_optimizer` /
+`load_fsdp_optimizer` at the end are for scripts that call them directly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from .plugin import FullyShardedDataParallelPlugin
+
 __all__ = [
     "MODEL_DIR", "OPTIMIZER_DIR", "full_model_state_dict", "load_full_model_state_dict", "full_optimizer_state_dict",
     "load_full_optimizer_state_dict", "full_gradients", "load_full_gradients", "save_sharded", "read_sharded",
-    "apply_sharded", "merge_fsdp_weights",
+    "apply_sharded", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
 ]
 
 MODEL_DIR = "pytorch_model_fsdp"
@@ -197,8 +203,8 @@ def merge_fsdp_weights(checkpoint_dir: str | Path, output_path: str | Path, safe
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from ..checkpointing.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-    from ..checkpointing.model_files import write_weights
+    from ...checkpointing.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+    from ...checkpointing.model_files import write_weights
 
     source = Path(checkpoint_dir)
     if not (source / ".metadata").is_file() and (source / f"{MODEL_DIR}_0" / ".metadata").is_file():
@@ -218,3 +224,116 @@ def merge_fsdp_weights(checkpoint_dir: str | Path, output_path: str | Path, safe
 
         shutil.rmtree(checkpoint_dir)
     return target
+
+
+# -- the peer's helpers (``accelerate.utils.fsdp_utils``): every one is collective -----------------------
+class Processes(Protocol):
+    """What the peer's FSDP helpers ask of the `accelerator` they are given: who writes, and a barrier.
+
+    Example:
+        >>> class One:
+        ...     is_main_process = True
+        ...     def wait_for_everyone(self): pass
+        >>> processes: Processes = One()
+    """
+
+    @property
+    def is_main_process(self) -> bool: ...
+
+    def wait_for_everyone(self) -> None: ...
+
+
+def _name(base: str, index: int, suffix: str = "") -> str:
+    return f"{base}{suffix}" if index == 0 else f"{base}_{index}{suffix}"
+
+
+def _is_full(fsdp_plugin: FullyShardedDataParallelPlugin) -> bool:
+    return fsdp_plugin.state_dict_type == "FULL_STATE_DICT"
+
+
+def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes, model: nn.Module,
+                    output_dir: str | Path, model_index: int = 0, adapter_only: bool = False) -> None:
+    """Save an FSDP model: one full file from the main process, or a sharded DCP directory written by every process.
+
+    Example:
+        >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "out")  # doctest: +SKIP
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if adapter_only:
+        raise NotImplementedError("adapter_only=True needs PEFT integration, which hasten does not have; save the whole model.")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if _is_full(fsdp_plugin):
+        state = full_model_state_dict(model)
+        if accelerator.is_main_process:
+            torch.save(state, output_dir / _name(MODEL_DIR, model_index, ".bin"))
+    else:
+        dcp.save(get_model_state_dict(model), checkpoint_id=output_dir / f"{MODEL_DIR}_{model_index}")
+    accelerator.wait_for_everyone()
+
+
+def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes, model: nn.Module,
+                    input_dir: str | Path, model_index: int = 0, adapter_only: bool = False) -> None:
+    """Load what `save_fsdp_model` wrote into the prepared (sharded) model.
+
+    Example:
+        >>> load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "out")  # doctest: +SKIP
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    if adapter_only:
+        raise NotImplementedError("adapter_only=True needs PEFT integration, which hasten does not have; load the whole model.")
+    input_dir = Path(input_dir)
+    if _is_full(fsdp_plugin):
+        load_full_model_state_dict(model, torch.load(input_dir / _name(MODEL_DIR, model_index, ".bin"), weights_only=True))
+    else:
+        state = get_model_state_dict(model)
+        dcp.load(state, checkpoint_id=input_dir / f"{MODEL_DIR}_{model_index}")
+        set_model_state_dict(model, state)
+
+
+def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes,
+                        optimizer: torch.optim.Optimizer, model: nn.Module, output_dir: str | Path,
+                        optimizer_index: int = 0) -> None:
+    """Save an FSDP optimizer's state, full (main process) or sharded (every process).
+
+    Example:
+        >>> save_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "out")  # doctest: +SKIP
+    """
+    import torch.distributed.checkpoint as dcp
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if _is_full(fsdp_plugin):
+        state = full_optimizer_state_dict(model, inner)
+        if accelerator.is_main_process:
+            torch.save(state, output_dir / _name(OPTIMIZER_DIR, optimizer_index, ".bin"))
+    else:
+        dcp.save(optimizer_state(model, inner), checkpoint_id=output_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
+    accelerator.wait_for_everyone()
+
+
+def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes,
+                        optimizer: torch.optim.Optimizer, model: nn.Module, input_dir: str | Path,
+                        optimizer_index: int = 0, adapter_only: bool = False) -> None:
+    """Load what `save_fsdp_optimizer` wrote into the prepared optimizer.
+
+    Example:
+        >>> load_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "out")  # doctest: +SKIP
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    input_dir = Path(input_dir)
+    if _is_full(fsdp_plugin):
+        saved = torch.load(input_dir / _name(OPTIMIZER_DIR, optimizer_index, ".bin"), weights_only=True)
+        load_full_optimizer_state_dict(model, inner, saved)
+    else:
+        state = optimizer_state(model, inner)
+        dcp.load(state, checkpoint_id=input_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
+        set_optimizer_state_dict(model, inner, state)

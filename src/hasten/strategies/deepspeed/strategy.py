@@ -21,16 +21,21 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, cast
 
 import torch
 from torch import nn
 
-from ..checkpointing.commit import fsync_path
-from ..deepspeed_plugin import DeepSpeedPlugin, DummyOptim, require_deepspeed
-from ..options import DistributedType
-from ..precision import PrecisionPolicy, check_precision_supported
-from .base import Strategy
+from ...checkpointing.commit import fsync_path
+from .config import require_deepspeed
+from .dummies import DummyOptim
+from .plugin import DeepSpeedPlugin
+from ...options import DistributedType
+from ...precision import PrecisionPolicy, check_precision_supported
+from ..base import AccumulationState, Parameters, ShardedState, Strategy
+
+if TYPE_CHECKING:
+    from ..parallel.mesh import ParallelismConfig
 
 __all__ = ["DeepSpeedStrategy"]
 
@@ -74,7 +79,8 @@ class DeepSpeedStrategy(Strategy):
     writes_own_checkpoint_files: ClassVar[bool] = True
     state_needs_every_process: ClassVar[bool] = True
 
-    def __init__(self, device: torch.device, precision: PrecisionPolicy, plugin: DeepSpeedPlugin, gradient_state: Any,
+    def __init__(self, device: torch.device, precision: PrecisionPolicy, plugin: DeepSpeedPlugin,
+                 gradient_state: AccumulationState | None,
                  world_size: int) -> None:
         super().__init__(device, precision)
         self.plugin = plugin
@@ -90,7 +96,8 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def create(cls, device: torch.device, world_size: int, mixed_precision: str, plugin: DeepSpeedPlugin, *,
-               gradient_state: Any, parallelism_config: Any, accumulation_given: bool = True) -> "DeepSpeedStrategy":
+               gradient_state: AccumulationState | None, parallelism_config: ParallelismConfig | None,
+               accumulation_given: bool = True) -> "DeepSpeedStrategy":
         """Check the plugin against the Accelerator's settings now (in `Accelerator()`), not at `prepare`."""
         if not isinstance(plugin, DeepSpeedPlugin):
             raise TypeError(f"deepspeed_plugin must be a hasten DeepSpeedPlugin, got {type(plugin).__name__}.")
@@ -125,7 +132,8 @@ class DeepSpeedStrategy(Strategy):
             self.micro_batch_size = int(batch_size)
 
     # -- set-up ---------------------------------------------------------------------------
-    def setup(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[Any]]:
+    def setup(self, models: Sequence[nn.Module],
+              optimizers: Sequence[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         if not models and not optimizers:
             return [], []
         if self.engine is not None:
@@ -182,23 +190,24 @@ class DeepSpeedStrategy(Strategy):
             self._step_skipped = bool(getattr(engine.optimizer, "overflow", False))
         self._pending_micro_steps = not sync
 
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
         """The engine already stepped in `backward`; report whether fp16 overflow skipped that step."""
         if closure is not None:
             raise ValueError("under DeepSpeed optimizer.step(closure) is not supported: the engine steps in "
                              "accelerator.backward; call optimizer.step() without a closure.")
         return None, self._step_skipped
 
-    def zero_grad(self, optimizer: Any, set_to_none: bool = True) -> None:
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
         """Nothing to do: the engine zeroes gradients after each optimizer step."""
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()  # the boundary flag set in backward tells ZeRO when to reduce
 
-    def unscale_gradients(self, optimizers: Sequence[Any]) -> None:
+    def unscale_gradients(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """DeepSpeed unscales inside its step."""
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float, optimizers: Sequence[Any]) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Parameters, max_norm: float, norm_type: float,
+                        optimizers: Sequence[torch.optim.Optimizer]) -> torch.Tensor:
         """The global gradient norm the engine measured at its last step (it clips by `gradient_clipping`)."""
         engine = self._engine_for()
         configured = float((self.engine_config or {}).get("gradient_clipping", 0.0))
@@ -212,7 +221,8 @@ class DeepSpeedStrategy(Strategy):
             return torch.tensor(float("nan"))
         return norm.detach().float().cpu() if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
 
-    def clip_grad_value_(self, parameters: Any, clip_value: float, optimizers: Sequence[Any]) -> None:
+    def clip_grad_value_(self, parameters: Parameters, clip_value: float,
+                         optimizers: Sequence[torch.optim.Optimizer]) -> None:
         raise NotImplementedError("DeepSpeed clips by norm only; use accelerator.clip_grad_norm_ and set gradient_clipping "
                                   "in the DeepSpeed config.")
 
@@ -264,8 +274,9 @@ class DeepSpeedStrategy(Strategy):
         """Nothing to restore: checkpoints are taken at optimizer-step boundaries only."""
 
     # -- sharded checkpoint files -------------------------------------------------------------
-    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, int]:
-        from .deepspeed_checkpoint import save_shard
+    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
+        from .checkpoint import save_shard
 
         if self._pending_micro_steps:
             raise RuntimeError("save_state was called in the middle of a gradient accumulation cycle, whose partial "
@@ -283,8 +294,9 @@ class DeepSpeedStrategy(Strategy):
             files[name] = path.stat().st_size
         return files
 
-    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> Any:
-        from .deepspeed_checkpoint import read_shard
+    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
+        from .checkpoint import read_shard
 
         contents = []
         for index, model in enumerate(models):
@@ -294,10 +306,10 @@ class DeepSpeedStrategy(Strategy):
             contents.append((model, mine, extras))
         return contents
 
-    def apply_checkpoint_files(self, contents: Any) -> None:
-        from .deepspeed_checkpoint import apply_shard
+    def apply_checkpoint_files(self, contents: ShardedState) -> None:
+        from .checkpoint import apply_shard
 
-        for model, shard, extras in contents:
+        for model, shard, extras in cast(list, contents):
             apply_shard(self.engine, shard, extras)
         self._pending_micro_steps = False
 

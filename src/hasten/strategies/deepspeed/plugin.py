@@ -16,99 +16,13 @@ override. DeepSpeed itself is imported only when a run uses it.
 from __future__ import annotations
 
 import contextlib
-import copy
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-import torch
+from ...errors import DeepSpeedConfigError
+from .config import HfDeepSpeedConfig, auto_keys, contains_auto, require_deepspeed
 
-from .errors import DeepSpeedConfigError
-
-__all__ = ["DeepSpeedPlugin", "HfDeepSpeedConfig", "DummyOptim", "DummyScheduler", "require_deepspeed",
-           "DeepSpeedConfigError"]
-
-INSTALL_HINT = "pip install 'hasten[deepspeed]'"
-
-
-def require_deepspeed() -> Any:
-    """Import and return `deepspeed`, or raise one error that says how to install it.
-
-    Example:
-        >>> callable(require_deepspeed)
-        True
-    """
-    try:
-        import deepspeed
-    except ImportError as error:
-        raise ImportError(f"this run uses DeepSpeed, which is not installed ({error}); install it with: {INSTALL_HINT}") from None
-    return deepspeed
-
-
-class HfDeepSpeedConfig:
-    """A DeepSpeed JSON config (a path or a dict), read with dotted keys such as ``"zero_optimization.stage"``.
-
-    Example:
-        >>> config = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"})
-        >>> config.get_value("zero_optimization.stage"), config.is_zero3(), config.is_auto("train_micro_batch_size_per_gpu")
-        (3, True, True)
-    """
-
-    def __init__(self, config_file_or_dict: str | Path | dict[str, Any]) -> None:
-        if isinstance(config_file_or_dict, dict):
-            config = copy.deepcopy(config_file_or_dict)  # the caller's dict is never changed
-        else:
-            path = Path(config_file_or_dict)
-            if not path.is_file():
-                raise FileNotFoundError(f"the DeepSpeed config file {path} does not exist; pass an existing JSON file or a dict.")
-            try:
-                config = json.loads(path.read_text())
-            except json.JSONDecodeError as error:
-                raise DeepSpeedConfigError(f"the DeepSpeed config file {path} is not valid JSON ({error}); fix the file.") from None
-        if not isinstance(config, dict):
-            raise DeepSpeedConfigError("a DeepSpeed config must be a JSON object (a dict); fix the file.")
-        self.config: dict[str, Any] = config
-
-    def _find(self, key: str) -> tuple[dict[str, Any] | None, str]:
-        node: Any = self.config
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-            if node is None:
-                return None, last
-        return (node if isinstance(node, dict) else None), last
-
-    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        node, key = self._find(ds_key_long)
-        return default if node is None else node.get(key, default)
-
-    def set_value(self, ds_key_long: str, value: Any) -> None:
-        node: dict[str, Any] = self.config
-        *parents, last = ds_key_long.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-
-    def is_auto(self, ds_key_long: str) -> bool:
-        return self.get_value(ds_key_long) == "auto"
-
-    def is_true(self, ds_key_long: str) -> bool:
-        return str(self.get_value(ds_key_long, False)).lower() == "true"
-
-    def zero_stage(self) -> int:
-        stage = self.get_value("zero_optimization.stage", 0)
-        return int(stage) if stage != "auto" else -1
-
-    def is_zero2(self) -> bool:
-        return self.zero_stage() == 2
-
-    def is_zero3(self) -> bool:
-        return self.zero_stage() == 3
-
-    def is_offload(self) -> bool:
-        return any(self.get_value(f"zero_optimization.{part}.device", "none") not in ("none", None)
-                   for part in ("offload_optimizer", "offload_param"))
+__all__ = ["DeepSpeedPlugin"]
 
 
 # plugin field -> where it lives in the DeepSpeed JSON config
@@ -275,6 +189,7 @@ class DeepSpeedPlugin:
         """Inside, models are built directly partitioned (`deepspeed.zero.Init`) when `zero3_init_flag` is set.
 
         Example:
+            >>> import torch
             >>> with DeepSpeedPlugin(zero_stage=2).zero3_init_context_manager():
             ...     layer = torch.nn.Linear(2, 2)
         """
@@ -282,7 +197,7 @@ class DeepSpeedPlugin:
             yield
             return
         deepspeed = require_deepspeed()
-        config = {k: v for k, v in self.deepspeed_config.items() if not _contains_auto(v)}
+        config = {k: v for k, v in self.deepspeed_config.items() if not contains_auto(v)}
         with deepspeed.zero.Init(config_dict_or_path=config):
             yield
 
@@ -294,7 +209,7 @@ class DeepSpeedPlugin:
             >>> DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}).check_mixed_precision("no")
             Traceback (most recent call last):
             ...
-            hasten.deepspeed_plugin.DeepSpeedConfigError: the DeepSpeed config sets bf16.enabled=True but the Accelerator's mixed_precision is 'no'; pass mixed_precision='bf16' (or --mixed_precision bf16) or set "bf16": {"enabled": "auto"} in the file.
+            hasten.errors.DeepSpeedConfigError: the DeepSpeed config sets bf16.enabled=True but the Accelerator's mixed_precision is 'no'; pass mixed_precision='bf16' (or --mixed_precision bf16) or set "bf16": {"enabled": "auto"} in the file.
         """
         for dtype in ("fp16", "bf16"):
             enabled = self.get_value(f"{dtype}.enabled")
@@ -369,7 +284,7 @@ class DeepSpeedPlugin:
         else:
             self._fill_optimizer(config, optimizer, device_type)
         self._fill_scheduler(config, scheduler)
-        leftover = _auto_keys(config.config)
+        leftover = auto_keys(config.config)
         if leftover:
             raise DeepSpeedConfigError(f"the DeepSpeed config still has 'auto' for {', '.join(leftover)}, which hasten "
                                        "cannot fill from the Accelerator; give explicit values in the file.")
@@ -454,86 +369,3 @@ class DeepSpeedPlugin:
             zero3_save_16bit_model=bool(get("zero3_save_16bit_model", False)),
             transformer_moe_cls_names=moe,
         )
-
-
-def _contains_auto(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_contains_auto(v) for v in value.values())
-    return value == "auto"
-
-
-def _auto_keys(config: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in config.items():
-        if isinstance(value, dict):
-            keys += _auto_keys(value, f"{prefix}{key}.")
-        elif value == "auto":
-            keys.append(prefix + key)
-    return keys
-
-
-class DummyOptim(torch.optim.Optimizer):
-    """Stands in for the optimizer the DeepSpeed config defines; `prepare` replaces it with DeepSpeed's.
-
-    Its `lr` and `weight_decay` (and any other keyword) fill the config's
-    ``"auto"`` optimizer parameters. It cannot step on its own.
-
-    Example:
-        >>> model = torch.nn.Linear(2, 2)
-        >>> optimizer = DummyOptim(model.parameters(), lr=3e-4)
-        >>> optimizer.lr, len(optimizer.param_groups[0]["params"])
-        (0.0003, 2)
-    """
-
-    def __init__(self, params: Iterable[Any], lr: float = 0.001, weight_decay: float = 0, **kwargs: Any) -> None:
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, **kwargs})
-        self.params = [p for group in self.param_groups for p in group["params"]]
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.kwargs = kwargs
-        self.scheduler: DummyScheduler | None = None  # set by a DummyScheduler built on it
-
-    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        raise RuntimeError("a DummyOptim cannot step; pass it to accelerator.prepare together with the model first.")
-
-
-class DummyScheduler(torch.optim.lr_scheduler.LRScheduler):
-    """Stands in for the scheduler the DeepSpeed config defines (or builds one with `lr_scheduler_callable`).
-
-    The DeepSpeed engine steps the real scheduler itself at every optimizer
-    step, so `step()` here does nothing; `get_last_lr` and `state_dict` are
-    the real scheduler's once the model is prepared.
-
-    Example:
-        >>> optimizer = DummyOptim(torch.nn.Linear(2, 2).parameters(), lr=0.1)
-        >>> scheduler = DummyScheduler(optimizer, total_num_steps=100, warmup_num_steps=10)
-        >>> optimizer.scheduler is scheduler, scheduler.total_num_steps
-        (True, 100)
-    """
-
-    def __init__(self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0,
-                 lr_scheduler_callable: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
-        # Deliberately not calling LRScheduler.__init__: the real scheduler is DeepSpeed's.
-        self.optimizer = optimizer
-        self.total_num_steps = total_num_steps
-        self.warmup_num_steps = warmup_num_steps
-        self.lr_scheduler_callable = lr_scheduler_callable
-        self.kwargs = kwargs
-        self.engine_scheduler: Any = None  # DeepSpeed's scheduler, set when the model is prepared
-        if isinstance(optimizer, DummyOptim):
-            optimizer.scheduler = self
-
-    def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        """Nothing to do: the DeepSpeed engine steps its scheduler with every optimizer step."""
-
-    def get_last_lr(self) -> list[float]:  # type: ignore[override]
-        if self.engine_scheduler is not None and hasattr(self.engine_scheduler, "get_last_lr"):
-            return list(self.engine_scheduler.get_last_lr())
-        return [group["lr"] for group in self.optimizer.param_groups]
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.engine_scheduler.state_dict() if self.engine_scheduler is not None else {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self.engine_scheduler is not None and state_dict:
-            self.engine_scheduler.load_state_dict(state_dict)
