@@ -40,7 +40,7 @@ from .options import (
 from .saving import save as _save
 from .scheduler import AcceleratedScheduler, SchedulerKwargs
 from .state import AcceleratorState, shutdown_process_group
-from .strategies import select_strategy
+from .strategies.select import select_strategy
 
 if TYPE_CHECKING:
     from .data import PreparedDataLoader
@@ -69,11 +69,11 @@ def _first_given(*values: Any) -> Any:
 def _engine_plugins(fsdp_plugin: Any, deepspeed_plugin: Any, spec: LaunchSpec) -> tuple[Any, Any]:
     """The FSDP / DeepSpeed plugins: the ones passed, else the ones `hasten launch` decoded from flags or the config file."""
     if fsdp_plugin is None and spec.fsdp is not None:
-        from .fsdp_plugin import FullyShardedDataParallelPlugin
+        from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin.from_launch_config(spec.fsdp)
     if deepspeed_plugin is None and spec.deepspeed is not None:
-        from .deepspeed_plugin import DeepSpeedPlugin
+        from .strategies.deepspeed.plugin import DeepSpeedPlugin
 
         deepspeed_plugin = DeepSpeedPlugin.from_launch_config(spec.deepspeed)
     return fsdp_plugin, deepspeed_plugin
@@ -445,7 +445,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             >>> accelerator.unwrap_model(accelerator.prepare(net)) is net
             True
         """
-        from .utils.other import extract_model_from_parallel
+        from .strategies.unwrap import extract_model_from_parallel
 
         return extract_model_from_parallel(self.strategy.unwrap_model(model), keep_fp32_wrapper, keep_torch_compile)
 

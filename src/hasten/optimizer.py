@@ -33,7 +33,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, strategy: Any = None) -> None:
         # Deliberately not calling Optimizer.__init__: all state lives in the wrapped optimizer.
         if strategy is None:
-            from .strategies import Strategy
+            from .strategies.base import Strategy
 
             strategy = Strategy(torch.device("cpu"))
         self.optimizer = optimizer
