@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpointing.constants import (
+from .filenames import (
     SAFE_WEIGHTS_INDEX_NAME,
     SAFE_WEIGHTS_NAME,
     WEIGHTS_INDEX_NAME,
