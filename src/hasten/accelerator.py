@@ -445,7 +445,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, DistributedHelpersMixin, Ru
             >>> accelerator.unwrap_model(accelerator.prepare(net)) is net
             True
         """
-        from .strategies.unwrap import extract_model_from_parallel
+        from .unwrap import extract_model_from_parallel
 
         return extract_model_from_parallel(self.strategy.unwrap_model(model), keep_fp32_wrapper, keep_torch_compile)
 

@@ -106,7 +106,7 @@ def is_peft_model(model: nn.Module) -> bool:
     peft = sys.modules.get("peft")  # no object can be a PeftModel unless peft was imported: never import it here
     if peft is None:
         return False
-    from ..strategies.unwrap import extract_model_from_parallel
+    from ..unwrap import extract_model_from_parallel
 
     return isinstance(extract_model_from_parallel(model), peft.PeftModel)
 

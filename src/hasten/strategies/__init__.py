@@ -2,7 +2,7 @@
 
 - `base.py`: the seam, `Strategy` (what differs between engines), with its typed parts;
 - `select.py`: `select_strategy`, the one place an engine is chosen (with its precision);
-- `single.py`: one device; `unwrap.py`: the user's module inside any engine's wrapper;
+- `single.py`: one device;
 - one folder per engine, each with its plugin (the user's settings), strategy and checkpoint code:
   `ddp/`, `fsdp/` (FSDP2), `deepspeed/` (ZeRO), `parallel/` (the N-D mesh, tensor and pipeline parallel).
 

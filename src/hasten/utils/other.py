@@ -13,7 +13,7 @@ from ..objects import convert_bytes, get_pretty_name, merge_dicts, recursive_get
 from ..operations import wait_for_everyone
 from ..ports import get_free_port, is_port_in_use
 from ..saving import load, save
-from ..strategies.unwrap import extract_model_from_parallel, is_compiled_module
+from ..unwrap import extract_model_from_parallel, is_compiled_module
 
 __all__ = [
     "convert_bytes", "extract_model_from_parallel", "get_free_port", "get_pretty_name", "is_compiled_module",

@@ -203,7 +203,7 @@ def merge_fsdp_weights(checkpoint_dir: str | Path, output_path: str | Path, safe
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from ...big_modeling.filenames import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+    from ...checkpointing.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
     from ...checkpointing.model_files import write_weights
 
     source = Path(checkpoint_dir)

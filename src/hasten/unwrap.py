@@ -1,11 +1,11 @@
 """The user's module inside the wrappers engines put around it (DDP, FSDP, DeepSpeed, `torch.compile`).
 
 The peer's path for these is ``accelerate.utils.other``; `Strategy.unwrap_model` is the prepared run's own
-way (it knows its engine), these work on any wrapped module.
+way (it knows its engine), these work on any wrapped module; big models and the facade use them.
 
 Example:
     >>> import torch
-    >>> from hasten.strategies.unwrap import extract_model_from_parallel
+    >>> from hasten.unwrap import extract_model_from_parallel
     >>> net = torch.nn.Linear(2, 2)
     >>> extract_model_from_parallel(torch.nn.parallel.DataParallel(net)) is net
     True
