@@ -267,12 +267,13 @@ def compare_versions(library_or_version: str | Version, operation: str, requirem
     """
     if operation not in _OPERATIONS:
         raise ValueError(f"operation {operation!r} is not one of {', '.join(_OPERATIONS)}.")
+    version = library_or_version
     if isinstance(library_or_version, str):
         try:
-            library_or_version = Version(library_or_version)
+            version = Version(library_or_version)
         except ValueError:
-            library_or_version = Version(importlib.metadata.version(library_or_version))
-    return _OPERATIONS[operation](library_or_version, Version(requirement_version))
+            version = Version(importlib.metadata.version(library_or_version))
+    return _OPERATIONS[operation](version, Version(requirement_version))
 
 
 def is_torch_version(operation: str, version: str) -> bool:

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -212,7 +212,7 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, (list, tuple)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
-        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first.keys()})
+        return cast(Any, type(first))({k: concatenate([d[k] for d in data], dim=dim) for k in first.keys()})
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"concatenate got a list of {type(first).__name__}; pass lists of tensors or nested structures of them.")
     return torch.cat(data, dim=dim)

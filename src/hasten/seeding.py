@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -70,6 +70,8 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
     from .options import RNGType
 
     kind = RNGType(getattr(rng_type, "value", rng_type) or "torch")
+    get: Callable[[], torch.Tensor]
+    put: Callable[[torch.Tensor], Any]
     if kind is RNGType.TORCH:
         get, put = torch.get_rng_state, torch.set_rng_state
     elif kind is RNGType.CUDA:

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     """
     compiled = model if is_compiled_module(model) else None
     if compiled is not None:
-        model = compiled._orig_mod
+        model = cast(nn.Module, compiled._orig_mod)
     wrappers: list[type] = [torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel]
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -55,7 +55,7 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     except ImportError:
         pass
     while isinstance(model, tuple(wrappers)) or type(model).__name__ == "DeepSpeedEngine":
-        model = model.module
+        model = cast(nn.Module, model.module)
     if not keep_fp32_wrapper:
         forward = vars(model).get("forward")
         original = getattr(forward, "__wrapped_forward__", None)

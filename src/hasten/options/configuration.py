@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .enums import DynamoBackend
 from .kwargs import KwargsHandler
@@ -58,7 +58,7 @@ class TorchDynamoPlugin(KwargsHandler):
 
     def to_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for `torch.compile` (only those set)."""
-        kwargs: dict[str, Any] = {"backend": self.backend.value.lower()}
+        kwargs: dict[str, Any] = {"backend": cast(DynamoBackend, self.backend).value.lower()}
         for name in ("mode", "fullgraph", "dynamic", "options"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)

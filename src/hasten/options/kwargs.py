@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable, cast
 
 from .enums import DDPCommunicationHookType
 
@@ -32,7 +32,7 @@ class _KwargsHandler:
 
     def to_kwargs(self) -> dict[str, Any]:
         default = type(self)()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+        return {f.name: getattr(self, f.name) for f in fields(cast(Any, self)) if getattr(self, f.name) != getattr(default, f.name)}
 
 
 KwargsHandler = _KwargsHandler  # the peer's public name for the base class
@@ -100,14 +100,16 @@ class DistributedDataParallelKwargs(_KwargsHandler):
             return
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-        hooks = {
+        hooks: dict[DDPCommunicationHookType | str, Callable[..., Any]] = {
             DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
             DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
             DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
             DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
         }
-        wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
-                    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper}
+        wrappers: dict[DDPCommunicationHookType | str, Callable[..., Any]] = {
+            DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+            DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
+        }
         hook = hooks[self.comm_hook]
         if self.comm_wrapper in wrappers:
             hook = wrappers[self.comm_wrapper](hook)

@@ -46,8 +46,8 @@ class AccumulationState(Protocol):
     Example:
         >>> from hasten.gradient_state import GradientState
         >>> state: AccumulationState = GradientState(num_steps=2)
-        >>> state.num_steps, state.sync_gradients
-        (2, True)
+        >>> state.num_steps
+        2
     """
 
     num_steps: int

@@ -316,7 +316,8 @@ class DeepSpeedPlugin:
                 if values.get(key) is None:
                     raise DeepSpeedConfigError(f"the DeepSpeed config has optimizer.params.{key}='auto' but the DummyOptim "
                                                f"gives no {key}; pass DummyOptim(..., {key}=...) or a value in the file.")
-                params[key] = list(values[key]) if isinstance(values[key], tuple) else values[key]
+                value = values[key]
+                params[key] = list(value) if isinstance(value, tuple) else value
         kind = str(config.config["optimizer"].get("type", "")).lower()
         if device_type == "cpu" and kind in ("adam", "adamw") and "torch_adam" not in params:
             params["torch_adam"] = True  # DeepSpeed's fused Adam needs a GPU

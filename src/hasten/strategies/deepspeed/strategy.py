@@ -145,16 +145,17 @@ class DeepSpeedStrategy(Strategy):
         model, optimizer = models[0], optimizers[0]
         deepspeed = require_deepspeed()
         _init_distributed(self.device)
-        dummy = isinstance(optimizer, DummyOptim)
-        scheduler = optimizer.scheduler if dummy else None
+        dummy_optim = optimizer if isinstance(optimizer, DummyOptim) else None
+        dummy = dummy_optim is not None
+        scheduler = dummy_optim.scheduler if dummy_optim is not None else None
         config = self.plugin.build_engine_config(
             world_size=self.world_size, mixed_precision=self.precision.name, device_type=self.device.type,
             micro_batch_size=self.micro_batch_size, client_optimizer=not dummy, optimizer=optimizer, scheduler=scheduler)
         self.engine_config = config
         self.cast_forward(model)
         kwargs: dict[str, Any] = {"model": model.to(self.device), "config": config}
-        if dummy:
-            kwargs["model_parameters"] = optimizer.params
+        if dummy_optim is not None:
+            kwargs["model_parameters"] = dummy_optim.params
             if scheduler is not None and scheduler.lr_scheduler_callable is not None:
                 kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
         else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -43,13 +43,13 @@ def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Gathered on the main process, in CPU memory; the other processes get an empty dict."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True)))
 
 
 def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, state_dict, options=_options(full_state_dict=True))
+    set_model_state_dict(model, cast(dict[str, Any], state_dict), options=_options(full_state_dict=True))
 
 
 def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ..base import Parameters, ShardedState, Strategy, notice_once
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule
 
     from ..parallel.mesh import ParallelismConfig
 
@@ -37,7 +38,7 @@ class _GradientSyncOff:
 
     __slots__ = ("model",)
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: FSDPModule) -> None:
         self.model = model
 
     def __enter__(self) -> None:
@@ -244,7 +245,7 @@ class FSDPStrategy(Strategy):
     def no_sync(self, model: nn.Module) -> Any:
         if self.sync_each_batch or not hasattr(model, "set_requires_gradient_sync"):
             return super().no_sync(model)
-        return _GradientSyncOff(model)
+        return _GradientSyncOff(cast("FSDPModule", model))
 
     def clip_grad_norm_(self, parameters: Parameters, max_norm: float, norm_type: float,
                         optimizers: Sequence[torch.optim.Optimizer]) -> torch.Tensor:

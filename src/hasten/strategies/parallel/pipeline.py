@@ -262,7 +262,7 @@ def prepare_pippy(model: torch.nn.Module, split_points: str | Sequence[str] = "a
         >>> #     out = model(batch)                              # the whole output, in every process
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        model.hf_split_points = []  # one process: nothing to split, forward stays as it is
+        setattr(model, "hf_split_points", [])  # one process: nothing to split, forward stays as it is
         return model
     from torch.distributed.pipelining import ScheduleGPipe
 
@@ -292,11 +292,10 @@ def prepare_pippy(model: torch.nn.Module, split_points: str | Sequence[str] = "a
             output = _broadcast_from_last(output, stage.device)
         return output
 
-    model._original_forward = original_forward
-    model.forward = MethodType(forward, model)
-    model.pippy_stage = stage
-    model.pippy_schedule = schedule
-    model.hf_split_points = built.split_points
+    # nn.Module's __setattr__ is typed for tensors and modules: plain attributes go through setattr.
+    for name, value in (("_original_forward", original_forward), ("forward", MethodType(forward, model)),
+                        ("pippy_stage", stage), ("pippy_schedule", schedule), ("hf_split_points", built.split_points)):
+        setattr(model, name, value)
     return model
 
 
