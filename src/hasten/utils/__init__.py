@@ -53,7 +53,7 @@ from .environment import (
     str_to_bool,
 )
 from .imports import *  # noqa: F401,F403 - the is_*_available probes
-from .imports import __all__ as _probes
+from ..availability import PROBES as _probes
 from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
@@ -71,7 +71,7 @@ from .other import (
 from .random import synchronize_rng_state, synchronize_rng_states
 from .tqdm import tqdm
 from .unavailable import *  # noqa: F401,F403 - features hasten lacks: they exist and refuse when used
-from .unavailable import __all__ as _unavailable
+from ..unavailable import __all__ as _unavailable
 from .versions import compare_versions, is_torch_version
 from ..checkpointing.constants import (
     MODEL_NAME,
