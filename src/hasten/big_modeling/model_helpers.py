@@ -123,9 +123,10 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     """
     if "PreTrainedModel" not in {cls.__name__ for cls in inspect.getmro(type(model))}:
         return False
-    config = getattr(model, "config", None)
+    pretrained: Any = model  # a transformers PreTrainedModel (checked above): config and embeddings accessors
+    config: Any = getattr(pretrained, "config", None)
     text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    tied_embeddings = bool(getattr(text_config, "tie_word_embeddings", False)) and model.get_output_embeddings() is not None
+    tied_embeddings = bool(getattr(text_config, "tie_word_embeddings", False)) and pretrained.get_output_embeddings() is not None
     tied_encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
     return tied_embeddings or tied_encoder_decoder or any(hasattr(module, "_tie_weights") for module in model.modules())
 
@@ -140,7 +141,8 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
         (120, (80, ['0']))
     """
     sizes = compute_module_sizes(model)
-    top = [*model.named_parameters(recurse=False), *model.named_children(), *model.named_buffers(recurse=False)]
+    top: list[tuple[str, nn.Module | torch.Tensor]] = [
+        *model.named_parameters(recurse=False), *model.named_children(), *model.named_buffers(recurse=False)]
     return sizes[""], get_max_layer_size(top, sizes, list(getattr(model, "_no_split_modules", None) or []))
 
 
