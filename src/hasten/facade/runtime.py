@@ -1,43 +1,31 @@
-"""The Accelerator's autocast, torch.compile, uneven-input and trigger helpers (a mixin, so the facade stays thin)."""
+"""The Accelerator's runtime part: autocast blocks, uneven inputs, triggers, profiling, parallelism views, `native_amp`."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Iterator
+import os
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
-from .options import AutocastKwargs, DataLoaderConfiguration, DynamoBackend, TorchDynamoPlugin
+from ..options import AutocastKwargs, ProfileKwargs
 
-__all__ = ["RuntimeHelpersMixin", "make_dynamo_plugin"]
+if TYPE_CHECKING:
+    from ..data import PreparedDataLoader
+    from ..precision import PrecisionPolicy
+    from ..state import AcceleratorState
+    from ..strategies.base import Strategy
+
+__all__ = ["RuntimePart"]
 
 _logger = logging.getLogger("hasten")
 
 
-def make_dynamo_plugin(dynamo_backend: Any = None, dynamo_plugin: TorchDynamoPlugin | None = None) -> TorchDynamoPlugin:
-    """The compile settings from `Accelerator(dynamo_backend=..., dynamo_plugin=...)` (not both).
-
-    Example:
-        >>> make_dynamo_plugin("eager").enabled, make_dynamo_plugin().enabled
-        (True, False)
-    """
-    if dynamo_plugin is not None and dynamo_backend is not None:
-        raise ValueError("pass dynamo_backend or dynamo_plugin, not both.")
-    if dynamo_plugin is not None:
-        if not isinstance(dynamo_plugin, TorchDynamoPlugin):
-            raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got a {type(dynamo_plugin).__name__}.")
-        return dynamo_plugin
-    return TorchDynamoPlugin(backend=dynamo_backend if dynamo_backend is not None else DynamoBackend.NO)
-
-
-class RuntimeHelpersMixin:
-    """Autocast blocks, compiled models, `join_uneven_inputs`, triggers, `trigger_sync_in_backward`.
-
-    Expects the host to set `precision`, `strategy`, `device`, `state`,
-    `dynamo_plugin`, `autocast_handler` and `_dataloaders`.
+class RuntimePart:
+    """Autocast blocks, `join_uneven_inputs`, triggers, `trigger_sync_in_backward`, `profile`, `native_amp`.
 
     Example:
         >>> from hasten import Accelerator
@@ -45,6 +33,16 @@ class RuntimeHelpersMixin:
         >>> accelerator.set_trigger(); accelerator.check_trigger()
         True
     """
+
+    # Shared values this part reads (set once by `Accelerator.__init__`; `native_amp` replaces `precision`).
+    state: AcceleratorState
+    device: torch.device
+    strategy: Strategy
+    precision: PrecisionPolicy
+    autocast_handler: AutocastKwargs | None
+    profile_handler: ProfileKwargs | None
+    even_batches: bool
+    _dataloaders: list[PreparedDataLoader]
 
     flag_tensor: torch.Tensor | None = None
 
@@ -70,15 +68,6 @@ class RuntimeHelpersMixin:
         handler = autocast_handler or self.autocast_handler or AutocastKwargs()
         return self.precision.autocast(handler.enabled, handler.cache_enabled)
 
-    # -- torch.compile ----------------------------------------------------------------------
-    def _compile_models(self, models: list[nn.Module]) -> None:
-        """Compile each prepared model in place (`nn.Module.compile`) when a dynamo backend is set."""
-        plugin = self.dynamo_plugin
-        if not plugin.enabled:
-            return
-        for model in models:
-            self.strategy.unwrap_model(model).compile(**plugin.to_kwargs())
-
     # -- uneven inputs ----------------------------------------------------------------------
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
@@ -98,7 +87,7 @@ class RuntimeHelpersMixin:
             >>> with accelerator.join_uneven_inputs([model], even_batches=False):
             ...     _ = model(torch.ones(1, 2))
         """
-        if not self.use_distributed:
+        if not self.state.use_distributed:
             yield
             return
         from torch.distributed.algorithms import Join
@@ -211,33 +200,24 @@ class RuntimeHelpersMixin:
         if not enabled and self.precision.dtype is not None:
             self.precision = dataclasses.replace(self.precision, dtype=None)
             self.strategy.precision = self.precision
-        elif enabled and self.precision.dtype is None and self.mixed_precision != "no":
+        elif enabled and self.precision.dtype is None and self.precision.name != "no":
             raise ValueError("native_amp can only be turned off; build the Accelerator with the precision you want.")
 
-    # -- settings ---------------------------------------------------------------------------
-    @property
-    def dataloader_config(self) -> DataLoaderConfiguration:
-        """How this Accelerator prepares loaders, as a `DataLoaderConfiguration`.
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with torch.profiler; with `output_trace_dir`, each process writes ``profile_<rank>.json``.
 
         Example:
+            >>> import tempfile
             >>> from hasten import Accelerator
-            >>> Accelerator(cpu=True, even_batches=False).dataloader_config.even_batches
-            False
+            >>> accelerator = Accelerator(cpu=True)
+            >>> with accelerator.profile(ProfileKwargs(output_trace_dir=tempfile.mkdtemp())) as prof:
+            ...     _ = torch.ones(8) * 2
         """
-        return DataLoaderConfiguration(split_batches=self.split_batches, even_batches=self.even_batches,
-                                       non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader,
-                                       data_seed=self.data_seed, dispatch_batches=self.dispatch_batches,
-                                       use_seedable_sampler=self.use_seedable_sampler, keyed_shuffle=self.keyed_shuffle)
-
-    @dataloader_config.setter
-    def dataloader_config(self, config: DataLoaderConfiguration) -> None:
-        # As in the peer, loaders prepared after the assignment follow the new configuration.
-        self.split_batches, self.even_batches = config.split_batches, config.even_batches
-        self.dispatch_batches, self._non_blocking = config.dispatch_batches, config.non_blocking
-        self.use_stateful_dataloader, self.data_seed = config.use_stateful_dataloader, config.data_seed
-        self.use_seedable_sampler, self.keyed_shuffle = config.use_seedable_sampler, config.keyed_shuffle
-
-    @property
-    def non_blocking(self) -> bool:
-        """Whether batches are moved to the device without blocking (`DataLoaderConfiguration.non_blocking`)."""
-        return self._non_blocking
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None and handler.on_trace_ready is None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.state.process_index}.json"))
+        self.state.wait_for_everyone()

@@ -1,19 +1,34 @@
-"""The tracker methods of `Accelerator`: `init_trackers`, `log`, `trackers`, `get_tracker`, finishing them."""
+"""The Accelerator's tracker part: `init_trackers`, `log`, `trackers`, `get_tracker`, finishing them (over `hasten.tracking`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import GeneralTracker, resolve_log_with, start_tracker
+from ..tracking import GeneralTracker, resolve_log_with, start_tracker
 
-__all__ = ["TrackingMixin"]
+if TYPE_CHECKING:
+    from ..checkpointing.project import ProjectConfiguration
+    from ..state import AcceleratorState
+
+__all__ = ["TrackerPart"]
 
 
-class TrackingMixin:
-    """Trackers run on the main process (a tracker with ``main_process_only = False`` on every process)."""
+class TrackerPart:
+    """Trackers run on the main process (a tracker with ``main_process_only = False`` on every process).
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> Accelerator(cpu=True, log_with="jsonl", project_dir="runs").log_with
+        ['jsonl']
+    """
+
+    # Shared values this part reads (set once by `Accelerator.__init__`).
+    state: AcceleratorState  # who is the main process
+    project_configuration: ProjectConfiguration  # where file trackers write (logging_dir)
 
     def _init_tracking(self, log_with: Any) -> None:
-        self.log_with = resolve_log_with(log_with, self.logging_dir)
+        """Check `log_with` once (names, installed packages, a logging directory where needed); nothing starts yet."""
+        self.log_with = resolve_log_with(log_with, self.project_configuration.logging_dir)
         self.trackers: list[GeneralTracker] = []
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
@@ -37,13 +52,14 @@ class TrackingMixin:
             raise ValueError(f"init_kwargs names trackers {sorted(unknown)} that are not in log_with; "
                              "add them to log_with or drop those entries.")
         for item in self.log_with:
-            tracker = item if isinstance(item, GeneralTracker) else None
-            main_only = tracker.main_process_only if tracker is not None else True
-            if main_only and not self.is_main_process:
+            main_only = item.main_process_only if isinstance(item, GeneralTracker) else True
+            if main_only and not self.state.is_main_process:
                 continue
-            if tracker is None:
-                tracker = start_tracker(item, project_name, self.logging_dir, dict(init_kwargs.get(item, {})))
-            self.trackers.append(tracker)
+            if isinstance(item, GeneralTracker):
+                self.trackers.append(item)
+            else:
+                self.trackers.append(start_tracker(item, project_name, self.project_configuration.logging_dir,
+                                                   dict(init_kwargs.get(item, {}))))
         if config is not None:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)
@@ -53,7 +69,7 @@ class TrackingMixin:
         for tracker in self.trackers:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker
-        if self.is_main_process and not any((t if isinstance(t, str) else t.name) == name for t in self.log_with):
+        if self.state.is_main_process and not any((t if isinstance(t, str) else t.name) == name for t in self.log_with):
             raise ValueError(f"no tracker named {name!r}; the trackers are {[t.name for t in self.trackers]}.")
         return GeneralTracker(_blank=True)  # other processes: calls on it do nothing
 

@@ -1,4 +1,10 @@
-"""The checkpoint methods of `Accelerator` (kept here so the facade stays thin): Accelerate's names and meaning."""
+"""The Accelerator's checkpoint part: Accelerate's checkpoint methods, over `hasten.checkpointing`.
+
+This part keeps what a checkpoint holds beyond the prepared objects (the
+registered objects, the pre-hooks) and builds, at each call, the plain
+`SaveSet` the checkpoint layer is handed; that layer never sees the
+`Accelerator`.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +12,30 @@ import os
 import weakref
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .project import ProjectConfiguration
+from ..checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
+from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
 
-__all__ = ["CheckpointingMixin"]
+if TYPE_CHECKING:
+    from ..checkpointing.project import ProjectConfiguration
+    from ..data.loader import PreparedDataLoader
+    from ..gradient_state import GradientState
+    from ..optimizer import AcceleratedOptimizer
+    from ..scheduler import AcceleratedScheduler
+    from ..state import AcceleratorState
+    from ..strategies.base import Strategy
+
+__all__ = ["CheckpointPart"]
 
 
-def _training_progress(accelerator: "weakref.ref[Any]") -> Callable[[], list[int] | None]:
+def _training_progress(accelerator: "weakref.ref[CheckpointPart]") -> Callable[[], list[int] | None]:
     """Batches each training loader handed out so far (never reset): a process past the main process's batch
-    did not call save_state there (see `handshake`)."""
+    did not call save_state there (see `checkpointing.handshake`)."""
 
     def progress() -> list[int] | None:
         owner = accelerator()
@@ -31,24 +47,63 @@ def _training_progress(accelerator: "weakref.ref[Any]") -> Callable[[], list[int
     return progress
 
 
-class CheckpointingMixin:
+class CheckpointPart:
     """`save_state` / `load_state`, registered objects, hooks, `save_model`, `get_state_dict`.
 
-    Expects the host to set `state`, `strategy`, `gradient_state`, `scaler`,
-    `project_configuration`, `use_stateful_dataloader` and the lists of
-    prepared objects.
+    Example:
+        >>> import tempfile
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True)
+        >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+        >>> accelerator.load_state(accelerator.save_state(tempfile.mkdtemp() + "/ckpt")) is not None
+        True
     """
 
+    # Shared values this part reads (set once by `Accelerator.__init__`).
+    state: AcceleratorState
+    strategy: Strategy
+    gradient_state: GradientState
+    scaler: torch.amp.GradScaler | None
     project_configuration: ProjectConfiguration
+    use_stateful_dataloader: bool
+    _models: list[nn.Module]
+    _optimizers: list[AcceleratedOptimizer]
+    _schedulers: list[AcceleratedScheduler]
+    _dataloaders: list[PreparedDataLoader]
 
-    def _init_checkpointing(self) -> None:
+    def _init_checkpoints(self) -> None:
+        """Registered objects and hooks; the batch-boundary watch (preemption, progress); progress for the watchdog.
+
+        Called last in `Accelerator.__init__`: with preemption on several
+        processes the watch builds a gloo group (a collective).
+        """
         self._custom_objects: list[Any] = []
         # OrderedDict: torch's RemovableHandle keeps a weak reference to it (a plain dict cannot have one)
-        self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        from .. import watchdog
+        self._save_state_pre_hooks: OrderedDict[int, SaveHook] = OrderedDict()
+        self._load_state_pre_hooks: OrderedDict[int, LoadHook] = OrderedDict()
+        from ..process import watchdog
 
         watchdog.set_progress(_training_progress(weakref.ref(self)))
+        # Batch boundaries of the training loader: preemption (with automatic naming) and restart progress.
+        self._boundary_watch = BoundaryWatch(lambda: self.save_state(), self._process_facts(),
+                                             preemption=self.project_configuration.automatic_checkpoint_naming,
+                                             progress_file=os.environ.get(PROGRESS_ENV))
+        self._boundary_watch.install(self.gradient_state)
+
+    def _process_facts(self) -> ProcessFacts:
+        state = self.state
+        return ProcessFacts(rank=state.process_index, world=state.num_processes, is_main=state.is_main_process,
+                            is_local_main=state.is_local_main_process)
+
+    def _save_set(self) -> SaveSet:
+        """Everything a checkpoint holds, as the plain value `hasten.checkpointing` is handed."""
+        return SaveSet(
+            engine=self.strategy, process=self._process_facts(), project=self.project_configuration,
+            counter=self.gradient_state, models=list(self._models), optimizers=list(self._optimizers),
+            schedulers=list(self._schedulers), dataloaders=list(self._dataloaders), custom=list(self._custom_objects),
+            scaler=self.scaler, save_pre_hooks=list(self._save_state_pre_hooks.values()),
+            load_pre_hooks=list(self._load_state_pre_hooks.values()), restore_position=self.use_stateful_dataloader,
+        )
 
     # -- where ------------------------------------------------------------------------------
     @property
@@ -137,9 +192,10 @@ class CheckpointingMixin:
         if save_model_func_kwargs:
             raise TypeError(f"save_state got unexpected keyword arguments {sorted(save_model_func_kwargs)}; "
                             "hasten's save_state takes output_dir and safe_serialization.")
-        from .save import save_checkpoint
+        from ..checkpointing.save import save_checkpoint
 
-        return str(save_checkpoint(self, None if output_dir is None else os.fspath(output_dir), safe_serialization))
+        return str(save_checkpoint(self._save_set(), None if output_dir is None else os.fspath(output_dir),
+                                   safe_serialization))
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, load_kwargs: dict[str, Any] | None = None,
                    **load_model_func_kwargs: Any) -> str | None:
@@ -173,9 +229,9 @@ class CheckpointingMixin:
         if load_model_func_kwargs:
             raise TypeError(f"load_state got unexpected keyword arguments {sorted(load_model_func_kwargs)}; "
                             "hasten's load_state takes input_dir, load_kwargs and map_location.")
-        from .load import load_checkpoint
+        from ..checkpointing.load import load_checkpoint
 
-        path = load_checkpoint(self, None if input_dir is None else os.fspath(input_dir),
+        path = load_checkpoint(self._save_set(), None if input_dir is None else os.fspath(input_dir),
                                on_missing_rng=lambda message: print(f"hasten: {message}", flush=True),
                                load_kwargs=load_kwargs)
         if input_dir is None:  # automatic resume: say what happened
@@ -209,11 +265,11 @@ class CheckpointingMixin:
             >>> import os; os.listdir(folder)
             ['model.safetensors']
         """
-        from .model_files import write_model_files
+        from ..checkpointing.model_files import write_model_files
 
         state = self.get_state_dict(model)
-        if self.is_main_process:
+        if self.state.is_main_process:
             if os.path.isfile(save_directory):
                 raise ValueError(f"save_model needs a directory, but {save_directory} is a file.")
             write_model_files(state, Path(save_directory), max_shard_size, safe_serialization)
-        self.wait_for_everyone()
+        self.state.wait_for_everyone()

@@ -1,28 +1,68 @@
-"""Collectives and process helpers of the `Accelerator` (delegated to `hasten.collectives` and the state)."""
+"""The Accelerator's process part: who and where, collectives, and "only on process N" helpers.
+
+Everything here delegates: collectives to `hasten.collectives`, process
+facts and helpers to the `AcceleratorState`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from . import collectives
+from .. import collectives
 
-__all__ = ["DistributedHelpersMixin"]
+if TYPE_CHECKING:
+    from ..gradient_state import GradientState
+    from ..state import AcceleratorState
+
+__all__ = ["ProcessPart"]
 
 
-class DistributedHelpersMixin:
-    """Gather, reduce, broadcast, barriers and "only on process N" helpers.
-
-    Expects the host to set `state` (a `PartialState`) and `gradient_state`.
+class ProcessPart:
+    """Rank and world, gather / reduce / broadcast, barriers and "only on process N" helpers.
 
     Example:
         >>> from hasten import Accelerator
-        >>> Accelerator(cpu=True).gather(__import__("torch").ones(2)).tolist()
-        [1.0, 1.0]
+        >>> accelerator = Accelerator(cpu=True)
+        >>> accelerator.gather(torch.ones(2)).tolist(), accelerator.num_processes
+        ([1.0, 1.0], 1)
     """
+
+    # Shared values this part reads (set once by `Accelerator.__init__`).
+    state: AcceleratorState
+    gradient_state: GradientState  # gather_for_metrics: is this the loader's last batch?
+
+    # -- who and where ----------------------------------------------------------------
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
 
     # -- collectives ---------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
