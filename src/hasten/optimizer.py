@@ -2,13 +2,49 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
 from .gradient_state import GradientState
 
-__all__ = ["AcceleratedOptimizer"]
+if TYPE_CHECKING:
+    from .precision import PrecisionPolicy
+
+__all__ = ["AcceleratedOptimizer", "OptimizerSteps"]
+
+
+class OptimizerSteps(Protocol):
+    """How a step and a zero_grad are done (the strategy, with its precision): what `AcceleratedOptimizer` needs.
+
+    Example:
+        >>> from hasten.strategies.base import Strategy
+        >>> steps: OptimizerSteps = Strategy(torch.device("cpu"))
+        >>> steps.precision.scaler is None
+        True
+    """
+
+    @property
+    def precision(self) -> PrecisionPolicy: ...
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]: ...
+
+    def zero_grad(self, optimizer: Any, set_to_none: bool = True) -> None: ...
+
+
+class _PlainSteps:
+    """One device, full precision: torch's own step and zero_grad (what `Strategy` does without fp16)."""
+
+    def __init__(self) -> None:
+        from .precision import make_precision_policy
+
+        self.precision = make_precision_policy("no", torch.device("cpu"))
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+        return self.precision.step(optimizer, closure)
+
+    def zero_grad(self, optimizer: Any, set_to_none: bool = True) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -30,12 +66,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         tensor([0.9000])
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, strategy: Any = None) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState,
+                 strategy: OptimizerSteps | None = None) -> None:
         # Deliberately not calling Optimizer.__init__: all state lives in the wrapped optimizer.
         if strategy is None:
-            from .strategies.base import Strategy
-
-            strategy = Strategy(torch.device("cpu"))
+            strategy = _PlainSteps()
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.strategy = strategy
