@@ -199,7 +199,7 @@ class PreparedDataLoader(DataLoader):
         if self.order is not None:
             self.order.begin_pass(continuing)
         if self.rng_types and not continuing:
-            from ..utils.random import synchronize_rng_states
+            from ..seeding import synchronize_rng_states
 
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         seeked = skip > 0 and self.batch_sampler is not None and seek_batches(self.batch_sampler, skip)
