@@ -6,6 +6,37 @@
 - one folder per engine, each with its plugin (the user's settings), strategy and checkpoint code:
   `ddp/`, `fsdp/` (FSDP2), `deepspeed/` (ZeRO), `parallel/` (the N-D mesh, tensor and pipeline parallel).
 
-Importing this package (or a plugin module) does not import torch: the config reader and the
-CLI read the plugins' choices without it.
+The names below are imported on first use: importing this package (or a plugin module) does not
+import torch, so the config reader and the CLI read the plugins' choices without it.
+
+Example:
+    >>> from hasten.strategies import Strategy, select_strategy
+    >>> Strategy.__name__
+    'Strategy'
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Strategy": "base",
+    "SingleDeviceStrategy": "single",
+    "DDPStrategy": "ddp.strategy",
+    "select_strategy": "select",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *globals()})
