@@ -26,7 +26,7 @@ is passed through unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from .gradient_state import GradientState
 from .optimizer import AcceleratedOptimizer
@@ -78,7 +78,8 @@ class AcceleratedScheduler:
         num_processes: int | None = None,
     ) -> None:
         self.scheduler = scheduler
-        self.optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.optimizers: list[AcceleratedOptimizer] = (list(optimizers) if isinstance(optimizers, (list, tuple))
+                                                       else [cast(AcceleratedOptimizer, optimizers)])
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.step_with_optimizer = step_with_optimizer
         self.split_batches = split_batches

@@ -289,7 +289,7 @@ def _build(dataloader: DataLoader, device: torch.device | None, *, num_processes
 def _build_iterable(dataloader: DataLoader, common: dict[str, Any], num_processes: int, process_index: int,
                     split_batches: bool, even_batches: bool, sharded: bool, rng_types: list[Any],
                     make: Callable[..., PreparedDataLoader]) -> PreparedDataLoader:
-    dataset = dataloader.dataset
+    dataset: Any = dataloader.dataset  # an iterable dataset (a Hugging Face one can shard itself)
     if dataloader.batch_size is None:
         raise ValueError("prepare needs a DataLoader with a batch_size for an iterable dataset.")
     synchronized = None

@@ -8,7 +8,7 @@ read those lists.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
 
 
-def _is_prepared_loader(obj: Any) -> bool:
+def _is_prepared_loader(obj: Any) -> TypeGuard[PreparedDataLoader]:
     from ..data.loader import PreparedDataLoader
 
     return isinstance(obj, PreparedDataLoader)
@@ -119,7 +119,7 @@ class PreparePart:
         self.state._check_current("distributed_type")  # refuses after AcceleratorState._reset_state(), as the peer
         if device_placement is not None and len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object.")
-        placement = device_placement or [None] * len(args)
+        placement: list[bool | None] = list(device_placement) if device_placement else [None] * len(args)
         for obj in args:
             self._refuse_prepared(obj)
         preparable = [id(obj) for obj in args if _is_preparable(obj) and not _is_prepared_loader(obj)]
@@ -127,16 +127,16 @@ class PreparePart:
             raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
         results: list[Any] = list(args)
         # Models and optimizers are set up together: a sharded strategy replaces the parameters optimizers hold.
-        loaders = [obj for obj in args if isinstance(obj, DataLoader) and obj.batch_size is not None]
-        if loaders:  # an engine (DeepSpeed) sizes its batches from it
-            per_process = loaders[0].batch_size // (self.state.num_processes if self.split_batches else 1)
+        batch_sizes = [obj.batch_size for obj in args if isinstance(obj, DataLoader) and obj.batch_size is not None]
+        if batch_sizes:  # an engine (DeepSpeed) sizes its batches from the first loader's
+            per_process = batch_sizes[0] // (self.state.num_processes if self.split_batches else 1)
             self.strategy.observe_micro_batch_size(per_process)
         model_slots = [i for i, obj in enumerate(args) if isinstance(obj, nn.Module)]
         optimizer_slots = [i for i, obj in enumerate(args) if isinstance(obj, torch.optim.Optimizer)]
         prepared_models, prepared_optimizers = self._setup(
             [args[i] for i in model_slots], [placement[i] for i in model_slots], [args[i] for i in optimizer_slots]
         )
-        for i, prepared in zip(model_slots + optimizer_slots, prepared_models + prepared_optimizers):
+        for i, prepared in zip(model_slots + optimizer_slots, [*prepared_models, *prepared_optimizers]):
             results[i] = prepared
         for i, obj in enumerate(args):
             if isinstance(obj, DataLoader):
@@ -170,12 +170,12 @@ class PreparePart:
         for model, prepared in zip(models, prepared_models):
             self._models.append(prepared)
             self._remember(model, prepared)
-        prepared_optimizers = []
+        prepared_optimizers: list[AcceleratedOptimizer] = []
         for optimizer, inner in zip(optimizers, stepped):
-            prepared = AcceleratedOptimizer(inner, self.gradient_state, strategy)
-            self._optimizers.append(prepared)
-            self._remember(optimizer, prepared)
-            prepared_optimizers.append(prepared)
+            prepared_optimizer = AcceleratedOptimizer(inner, self.gradient_state, strategy)
+            self._optimizers.append(prepared_optimizer)
+            self._remember(optimizer, prepared_optimizer)
+            prepared_optimizers.append(prepared_optimizer)
         return prepared_models, prepared_optimizers
 
     def _refuse_prepared(self, obj: Any) -> None:

@@ -95,7 +95,7 @@ class RuntimePart:
         restore: list[tuple[Any, bool]] = []
         if even_batches is not None:
             for loader in self._dataloaders:
-                sampler = getattr(loader, "batch_sampler", None)
+                sampler: Any = getattr(loader, "batch_sampler", None)
                 if hasattr(sampler, "even_batches"):
                     restore.append((sampler, sampler.even_batches))
                     sampler.even_batches = even_batches

@@ -16,9 +16,9 @@ def _summary_writer() -> Any:
 
         return SummaryWriter
     if is_installed("tensorboardX"):
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter as WriterX
 
-        return SummaryWriter
+        return WriterX
     raise missing_package_error("tensorboard", "tensorboard")
 
 
