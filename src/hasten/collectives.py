@@ -17,8 +17,6 @@ instead of a wrong result, a SIGABRT or a hang.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 import sys
 import zlib
 from collections.abc import Mapping
@@ -27,8 +25,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import host_board, watchdog
 from .errors import CollectiveOrderMismatch, CollectiveShapeMismatch, DistributedOperationException
+from .process import board as host_board, watchdog
 
 __all__ = [
     "DistributedOperationException",
@@ -125,14 +123,6 @@ def send_to_device(tensor: Any, device: torch.device | str, non_blocking: bool =
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-@functools.lru_cache(maxsize=1)
-def _debug() -> bool:
-    """Debug mode (`HASTEN_DEBUG=1` / `hasten launch --debug`), read once."""
-    from .launch_spec import LaunchSpec
-
-    return os.environ.get("HASTEN_DEBUG", "") not in ("", "0") or LaunchSpec.from_env().debug
 
 
 def _leaves(data: Any) -> list[torch.Tensor]:

@@ -267,7 +267,7 @@ def wait_for_everyone() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        from . import watchdog
+        from .process import watchdog
 
         with watchdog.waiting("wait_for_everyone"):
             dist.barrier()

@@ -1,117 +1,37 @@
-"""Process-level state: topology, device, process group, and rank helpers.
+"""Process-level state: topology, device, process group, and rank helpers (Accelerate's path ``accelerate.state``).
 
 `PartialState` is usable without an `Accelerator`. It is NOT a Borg: each
 instance holds its own settings. The only process-wide resource is torch's
-process group, which is created once (or adopted when the user created it)
-and torn down cleanly at exit, because gloo processes that exit without a
-barrier + destroy abort with SIGABRT in a good share of runs.
+process group, which `hasten.process.group` creates once (or adopts when
+the user created it) and tears down cleanly at exit.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import os
-import sys
 from datetime import timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from . import watchdog
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
+from .process import watchdog
+from .process.group import (
+    DEFAULT_TIMEOUT,
+    init_process_group,
+    shutdown_process_group,
+    start_watchdog,
+    topology_from_group,
+)
 from .topology import ProcessTopology, backend_for_device, select_device
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "is_initialized", "shutdown_process_group"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-DEFAULT_TIMEOUT = timedelta(minutes=30)
-
-_owned_group = False  # did hasten create the process group (and so must destroy it)?
-_failed = False  # did this process die from an uncaught exception?
-
-
-def _excepthook(exc_type, exc, tb):  # noqa: ANN001 - signature fixed by sys.excepthook
-    global _failed
-    _failed = True
-    _previous_excepthook(exc_type, exc, tb)
-
-
-_previous_excepthook = sys.excepthook
-
-
-def shutdown_process_group(success: bool = True) -> None:
-    """Leave the process group cleanly: barrier, then destroy.
-
-    After a failure the barrier is skipped: the healthy ranks are not at a
-    barrier, and waiting for them would hang until the group's timeout.
-
-    Example:
-        >>> shutdown_process_group()  # no-op when no group exists
-    """
-    global _owned_group
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if success and not _failed:
-        with contextlib.suppress(Exception):
-            dist.barrier()
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
-    _owned_group = False
-
-
-def _shutdown_at_exit() -> None:
-    if _owned_group:
-        shutdown_process_group(success=not _failed)
-
-
-def _init_process_group(topology: ProcessTopology, backend: str, timeout: timedelta) -> None:
-    global _owned_group, _previous_excepthook
-    if topology.launcher == "torchrun":
-        init_method = "env://"
-    else:  # MPI / SLURM started the ranks: rendezvous over TCP at the master address
-        init_method = f"tcp://{topology.master_addr}:{topology.master_port}"
-    dist.init_process_group(
-        backend=backend,
-        init_method=init_method,
-        rank=topology.rank,
-        world_size=topology.world_size,
-        timeout=timeout,
-    )
-    _owned_group = True
-    if sys.excepthook is not _excepthook:
-        _previous_excepthook = sys.excepthook
-        sys.excepthook = _excepthook
-    atexit.register(_shutdown_at_exit)
-
-
-_watchdog_started = False
-
-
-def _start_watchdog() -> None:
-    """One deadlock watchdog per process (see `hasten.watchdog`), on the default group's store."""
-    global _watchdog_started
-    if _watchdog_started:
-        return
-    _watchdog_started = True
-    try:
-        store = dist.distributed_c10d._get_default_store()
-    except (RuntimeError, ValueError, AttributeError):  # a group without a store (e.g. created from a custom backend)
-        return
-    watchdog.start(store, dist.get_rank(), dist.get_world_size())
-
-
-def _topology_from_group() -> ProcessTopology:
-    """Topology of a process group the user created before hasten was used."""
-    env_topology = ProcessTopology.from_env()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if env_topology.world_size == world and env_topology.rank == rank:
-        return env_topology
-    return ProcessTopology(rank=rank, world_size=world, local_rank=rank, local_world_size=world, launcher="process_group")
 
 
 class PartialState:
@@ -135,11 +55,11 @@ class PartialState:
         timeout: timedelta | None = None,
         topology: ProcessTopology | None = None,
     ) -> None:
-        spec = LaunchSpec.from_env()
+        spec = LaunchSpec.current()
         self.cpu = spec.cpu if cpu is None else cpu
         self.debug = spec.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
         if dist.is_available() and dist.is_initialized():
-            self.topology = _topology_from_group()
+            self.topology = topology_from_group()
             self.backend = dist.get_backend()
         else:
             self.topology = ProcessTopology.from_env() if topology is None else topology
@@ -152,7 +72,7 @@ class PartialState:
             if self.topology.is_distributed:
                 if self.device.type == "cuda":
                     torch.cuda.set_device(self.device)
-                _init_process_group(self.topology, wanted, timeout or DEFAULT_TIMEOUT)
+                init_process_group(self.topology, wanted, timeout or DEFAULT_TIMEOUT)
                 self.backend = wanted
         elif backend is not None and backend != self.backend:
             raise RuntimeError(
@@ -170,7 +90,7 @@ class PartialState:
                 "pass cpu=True or create the process group with backend='nccl'."
             )
         if self.topology.is_distributed:
-            _start_watchdog()
+            start_watchdog()
 
     # -- who am I -----------------------------------------------------------
     @property
@@ -323,7 +243,7 @@ class PartialState:
         """The distributed type the environment alone implies (no Accelerator asked yet)."""
         from .options import DistributedType
 
-        if LaunchSpec.from_env().deepspeed is not None:
+        if LaunchSpec.current().deepspeed is not None:
             return DistributedType.DEEPSPEED
         if not self.use_distributed:
             return DistributedType.NO

@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["parent_death_signal_available", "arm_parent_death_signal"]
+__all__ = ["parent_death_signal_available", "arm_parent_death_signal", "die_with_launcher"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -32,7 +32,12 @@ def _prctl() -> Any:
 
 
 def parent_death_signal_available() -> bool:
-    """True where the signal can be armed (Linux); also loads libc, so a later call in a fork child is cheap."""
+    """True where the signal can be armed (Linux); also loads libc, so a later call in a fork child is cheap.
+
+    Example:
+        >>> isinstance(parent_death_signal_available(), bool)
+        True
+    """
     return _prctl() is not None
 
 
@@ -46,3 +51,19 @@ def arm_parent_death_signal(expected_parent: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+
+
+def die_with_launcher() -> None:
+    """Ask Linux to SIGTERM this rank when its launcher dies, even by SIGKILL.
+
+    torchrun starts each rank in a session of its own, so killing the
+    launcher's process group would otherwise leave the ranks running; an
+    MPI rank's parent is mpirun (or Open MPI's orted), whose SIGKILL would
+    leave it running too.
+
+    Example:
+        >>> die_with_launcher()  # not started by a launcher: nothing to arm
+    """
+    launched = ("TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+    if any(name in os.environ for name in launched):
+        arm_parent_death_signal(os.getppid())

@@ -17,55 +17,23 @@ it. A launcher removes the directories of launchers that were killed
 before they could (SIGKILL). Each start of the workers gets a new file (the launcher empties the
 directory before each of its attempts; torch's agent restarts are told
 apart by their restart count), so no stale word passes for a current one.
+
+The launcher's side (creating, emptying and removing the directory) is
+`hasten.launch.leftovers.shared_directory`; this module is the processes' side.
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
-import shutil
 import time
-from collections.abc import Iterator
 
-__all__ = ["BOARD_DIR_ENV", "Board", "board", "empty", "shared_directory"]
+from ..launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
 
-BOARD_DIR_ENV = "HASTEN_BOARD_DIR"
+__all__ = ["BOARD_DIR_ENV", "Board", "board"]
+
 _SPIN = 50  # yields before the first sleep: processes that arrive together agree in microseconds
 _NAP = 50e-6  # then a poll every 50 µs (more polling only takes the CPU from the late process)
-
-
-@contextlib.contextmanager
-def shared_directory() -> Iterator[str]:
-    """Create the board directory for one launch on this machine, export it to the workers, remove it afterwards.
-
-    Example:
-        >>> with shared_directory() as path:
-        ...     os.path.isdir(path) and os.environ[BOARD_DIR_ENV] == path
-        True
-    """
-    from .launch.leftovers import owned_directory
-
-    parent = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    path = owned_directory("board", parent)
-    previous = os.environ.get(BOARD_DIR_ENV)
-    os.environ[BOARD_DIR_ENV] = path
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        if previous is None:
-            os.environ.pop(BOARD_DIR_ENV, None)
-        else:
-            os.environ[BOARD_DIR_ENV] = previous
-
-
-def empty(directory: str) -> None:
-    """Remove the boards of earlier attempts (call it while no worker runs)."""
-    os.makedirs(directory, exist_ok=True)
-    for name in os.listdir(directory):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, name))
 
 
 class Board:
@@ -161,7 +129,7 @@ def board() -> Board | None:
     if os.environ.get("LOCAL_WORLD_SIZE") != str(world_size) or os.environ.get("WORLD_SIZE") != str(world_size):
         return None  # several machines, or a group other than the launched one
     os.makedirs(directory, exist_ok=True)
-    name = f"restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.words"
+    name = f"restart-{os.environ.get(RESTART_COUNT_VAR, '0')}.words"
     _board = Board(os.path.join(directory, name), rank, world_size, _group_timeout())
     return _board
 
@@ -173,6 +141,6 @@ def _group_timeout() -> float:
     try:
         return dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()
     except Exception:  # noqa: BLE001 - a private attribute: fall back to hasten's default
-        from .state import DEFAULT_TIMEOUT
+        from .group import DEFAULT_TIMEOUT
 
         return DEFAULT_TIMEOUT.total_seconds()

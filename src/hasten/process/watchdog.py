@@ -50,7 +50,7 @@ import time
 from types import FrameType
 from typing import Any, Callable
 
-from .errors import CollectiveDeadlock, CollectiveTimeout
+from ..errors import CollectiveDeadlock, CollectiveTimeout
 
 __all__ = ["waiting", "enter", "leave", "start", "running", "positions", "call_site", "user_site", "set_progress",
            "local_progress", "progress_of", "CollectiveDeadlock", "CollectiveTimeout"]
@@ -194,7 +194,7 @@ class waiting:  # noqa: N801 - used like a function: `with waiting("gather"):`
                                         f"(torch: {str(exc).splitlines()[0][:160]})") from exc
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hasten/, not hasten/process/
 
 
 def call_site(frame: FrameType | None) -> str:
@@ -371,7 +371,7 @@ def _summary(where: list[dict[str, Any]]) -> str:
 def _report(rank: int, summary: str, store: Any) -> None:
     import traceback
 
-    from .launch.worker import _is_hidden, exit_now, record_failure
+    from .exit import exit_now, is_hidden, record_failure
 
     try:
         store.set(_VERDICT, summary)  # the other processes report at their next read, within a second
@@ -381,7 +381,7 @@ def _report(rank: int, summary: str, store: Any) -> None:
     for thread_id, frame in sys._current_frames().items():
         if thread_id == threading.get_ident():
             continue  # this watchdog
-        entries = [e for e in traceback.extract_stack(frame) if not _is_hidden(e.filename)]
+        entries = [e for e in traceback.extract_stack(frame) if not is_hidden(e.filename)]
         stacks.append("".join(traceback.format_list(entries)))
     sys.stderr.write(f"[hasten] rank {rank} is stuck here:\n" + "\n".join(stacks))  # one write: no interleaving
     sys.stderr.flush()
