@@ -25,7 +25,8 @@ import sys
 from typing import Any, Callable
 
 from ..launch_spec import EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
-from ..process.exit import exit_cleanly, exit_now, hide_frames_of, leave_process_group, rank_label, record_failure
+from ..process.exit import exit_cleanly, exit_now, hide_frames_of, rank_label, record_failure
+from ..process.group import leave_process_group
 from ..process.lifetime import die_with_launcher
 
 __all__ = ["main", "run_function", "export_peer_environment", "run_target"]

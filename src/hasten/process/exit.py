@@ -17,7 +17,7 @@ import traceback
 from types import TracebackType
 
 __all__ = ["PEER_LOST_MARKERS", "is_peer_lost", "hide_frames_of", "is_hidden", "rank_label", "record_failure",
-           "leave_process_group", "exit_now", "exit_cleanly"]
+           "exit_now", "exit_cleanly"]
 
 # Errors a healthy rank gets when a peer died: consequences, not causes.
 PEER_LOST_MARKERS = (
@@ -95,22 +95,6 @@ def record_failure(error: BaseException) -> None:
         handler = get_error_handler()
         handler.initialize()
         handler.record_exception(error)
-
-
-def leave_process_group(success: bool) -> None:
-    """What a per-rank wrapper calls after the user's code: leave the process group, if torch.distributed was used.
-
-    Imports torch only when the user's code did, so a rank that never used
-    it ends without paying for the import.
-
-    Example:
-        >>> leave_process_group(success=True)  # no group: nothing to do
-    """
-    if "torch.distributed" not in sys.modules:
-        return  # the user's code never touched torch.distributed
-    from .group import shutdown_process_group
-
-    shutdown_process_group(success=success)
 
 
 def exit_now(code: int) -> None:

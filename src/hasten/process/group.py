@@ -7,6 +7,10 @@ a destroy, because gloo processes that exit without them abort with SIGABRT
 in a good share of runs. After a failure the barrier is skipped: the
 healthy ranks are not at a barrier, and waiting for them would hang until
 the group's timeout.
+
+torch is imported when a group is made or left, not with this module: a
+per-rank wrapper imports it for `leave_process_group`, and a script that
+never touches torch.distributed does not pay for the import.
 """
 
 from __future__ import annotations
@@ -17,12 +21,11 @@ import sys
 from datetime import timedelta
 from types import TracebackType
 
-import torch.distributed as dist
-
 from ..topology import ProcessTopology
 from . import watchdog
 
-__all__ = ["DEFAULT_TIMEOUT", "init_process_group", "topology_from_group", "start_watchdog", "shutdown_process_group"]
+__all__ = ["DEFAULT_TIMEOUT", "init_process_group", "topology_from_group", "start_watchdog", "shutdown_process_group",
+           "leave_process_group"]
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -49,6 +52,8 @@ def shutdown_process_group(success: bool = True) -> None:
         >>> shutdown_process_group()  # no-op when no group exists
     """
     global _owned_group
+    import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()):
         return
     if success and not _failed:
@@ -59,6 +64,17 @@ def shutdown_process_group(success: bool = True) -> None:
     _owned_group = False
 
 
+def leave_process_group(success: bool) -> None:
+    """What a per-rank wrapper calls after the user's code: leave the process group, if torch.distributed was used.
+
+    Example:
+        >>> leave_process_group(success=True)  # no group: nothing to do
+    """
+    if "torch.distributed" not in sys.modules:
+        return  # the user's code never touched torch.distributed
+    shutdown_process_group(success=success)
+
+
 def _shutdown_at_exit() -> None:
     if _owned_group:
         shutdown_process_group(success=not _failed)
@@ -67,6 +83,8 @@ def _shutdown_at_exit() -> None:
 def init_process_group(topology: ProcessTopology, backend: str, timeout: timedelta) -> None:
     """Create the process group `topology` describes, and arrange its clean shutdown at exit."""
     global _owned_group, _previous_excepthook
+    import torch.distributed as dist
+
     if topology.launcher == "torchrun":
         init_method = "env://"
     else:  # MPI / SLURM started the ranks: rendezvous over TCP at the master address
@@ -94,6 +112,8 @@ def start_watchdog() -> None:
     if _watchdog_started:
         return
     _watchdog_started = True
+    import torch.distributed as dist
+
     try:
         store = dist.distributed_c10d._get_default_store()
     except (RuntimeError, ValueError, AttributeError):  # a group without a store (e.g. created from a custom backend)
@@ -103,6 +123,8 @@ def start_watchdog() -> None:
 
 def topology_from_group() -> ProcessTopology:
     """Topology of a process group the user created before hasten was used (adopted, never destroyed by hasten)."""
+    import torch.distributed as dist
+
     env_topology = ProcessTopology.from_env()
     rank, world = dist.get_rank(), dist.get_world_size()
     if env_topology.world_size == world and env_topology.rank == rank:
