@@ -165,7 +165,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         **unsupported: Any,
     ) -> None:
         _refuse_unsupported(unsupported)
-        spec = LaunchSpec.from_env()  # what `hasten launch` passed: the fallback for every argument left as None
+        spec = LaunchSpec.current()  # what `hasten launch` passed: the fallback for every argument left as None
         fsdp_plugin, deepspeed_plugin = _engine_plugins(fsdp_plugin, deepspeed_plugin, spec)
         handlers = _Handlers.split(kwargs_handlers)
         # Who and where: the process group and this process's device.
