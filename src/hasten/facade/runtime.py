@@ -128,7 +128,7 @@ class RuntimePart:
         """
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
-        from .collectives import reduce
+        from ..collectives import reduce
 
         if int(reduce(self.flag_tensor, "sum").item()) >= 1:
             self.flag_tensor = torch.tensor(0, device=self.device)
