@@ -38,30 +38,37 @@ class ProcessPart:
     # -- who and where ----------------------------------------------------------------
     @property
     def num_processes(self) -> int:
+        """How many processes run this script."""
         return self.state.num_processes
 
     @property
     def process_index(self) -> int:
+        """This process's rank among all processes (0 is the main process)."""
         return self.state.process_index
 
     @property
     def local_process_index(self) -> int:
+        """This process's rank on its machine."""
         return self.state.local_process_index
 
     @property
     def is_main_process(self) -> bool:
+        """True on the main process (rank 0)."""
         return self.state.is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
+        """True on the main process of this machine."""
         return self.state.is_local_main_process
 
     @property
     def is_last_process(self) -> bool:
+        """True on the process with the highest rank."""
         return self.state.is_last_process
 
     @property
     def use_distributed(self) -> bool:
+        """True when more than one process runs (collectives go over a process group)."""
         return self.state.use_distributed
 
     # -- collectives ---------------------------------------------------------------
@@ -121,27 +128,35 @@ class ProcessPart:
         self.state.wait_for_everyone()
 
     def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """The main process runs the block first, then the others (e.g. to download or preprocess once)."""
         return self.state.main_process_first()
 
     def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Each machine's main process runs the block first, then that machine's others."""
         return self.state.local_main_process_first()
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """This process's share of `inputs` (a list, tuple, dict of lists or tensor), as a block."""
         return self.state.split_between_processes(inputs, apply_padding)
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: `function` runs on the main process only."""
         return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: `function` runs on each machine's main process only."""
         return self.state.on_local_main_process(function)
 
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: `function` runs on the last process only."""
         return self.state.on_last_process(function)
 
     def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+        """Decorator: `function` runs on the process with rank `process_index` only."""
         return self.state.on_process(function, process_index=process_index)
 
     def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
+        """Decorator: `function` runs on the process with local rank `local_process_index` only."""
         return self.state.on_local_process(function, local_process_index=local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
