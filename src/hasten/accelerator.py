@@ -16,7 +16,7 @@ import contextlib
 import gc
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
@@ -36,16 +36,23 @@ from .options import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     DistributedType,
+    DynamoBackend,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     ProfileKwargs,
+    TorchDynamoPlugin,
     split_kwargs_handlers,
 )
 from .saving import save as _save
 from .scheduler import SchedulerKwargs
 from .state import AcceleratorState, shutdown_process_group
 from .strategies.select import select_strategy
+
+if TYPE_CHECKING:
+    from .strategies.deepspeed.plugin import DeepSpeedPlugin
+    from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+    from .strategies.parallel.mesh import ParallelismConfig
 
 __all__ = ["Accelerator"]
 
@@ -74,7 +81,8 @@ def _first_given(*values: Any) -> Any:
     return next(v for v in values if v is not None)
 
 
-def _engine_plugins(fsdp_plugin: Any, deepspeed_plugin: Any, spec: LaunchSpec) -> tuple[Any, Any]:
+def _engine_plugins(fsdp_plugin: FullyShardedDataParallelPlugin | None, deepspeed_plugin: DeepSpeedPlugin | None,
+                    spec: LaunchSpec) -> tuple[FullyShardedDataParallelPlugin | None, DeepSpeedPlugin | None]:
     """The FSDP / DeepSpeed plugins: the ones passed, else the ones `hasten launch` decoded from flags or the config file."""
     if fsdp_plugin is None and spec.fsdp is not None:
         from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
@@ -156,11 +164,11 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
         log_with: Any = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        parallelism_config: Any = None,
-        dynamo_backend: Any = None,
-        dynamo_plugin: Any = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
+        dynamo_backend: DynamoBackend | str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
         rng_types: list[Any] | None = None,
         **unsupported: Any,
     ) -> None:

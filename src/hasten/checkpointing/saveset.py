@@ -121,7 +121,7 @@ class SaveSet:
     project: ProjectConfiguration  # naming, rotation, iteration, save_on_each_node
     counter: StepCounter  # the gradient state's accumulation step
     models: list[nn.Module] = field(default_factory=list)
-    optimizers: list[Any] = field(default_factory=list)  # prepared optimizers (param_groups, state_dict)
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)  # the prepared (wrapping) optimizers
     schedulers: list[Stateful] = field(default_factory=list)
     dataloaders: list[PreparedDataLoader] = field(default_factory=list)
     custom: list[Stateful] = field(default_factory=list)  # register_for_checkpointing's objects
