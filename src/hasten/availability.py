@@ -36,8 +36,8 @@ PROBES = [
     "is_lomo_available", "is_rocm_available", "is_import_timer_available", "is_neuron_available", "is_xccl_available",
     "is_habana_gaudi1", "is_transformer_engine_mxfp8_available",
 ]
-# Beyond the probes (the peer has them in ``utils.versions`` and ``utils.environment``).
-__all__ = [*PROBES, "compare_versions", "is_torch_version", "check_cuda_fp8_capability"]
+# Beyond the probes (the peer has them in ``utils.versions``).
+__all__ = [*PROBES, "compare_versions", "is_torch_version"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -254,7 +254,7 @@ def is_weights_only_available() -> bool:
     return True
 
 
-# -- versions and device capabilities ------------------------------------------------------------
+# -- versions ------------------------------------------------------------
 _OPERATIONS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt}
 
 
@@ -286,18 +286,3 @@ def is_torch_version(operation: str, version: str) -> bool:
     import torch
 
     return compare_versions(Version(Version(torch.__version__).base_version), operation, version)
-
-
-def check_cuda_fp8_capability() -> bool:
-    """True when the first visible NVIDIA GPU can compute in fp8 (compute capability 8.9 or newer).
-
-    Asks nvidia-smi, so CUDA is not initialised; False without a GPU.
-
-    Example:
-        >>> isinstance(check_cuda_fp8_capability(), bool)
-        True
-    """
-    from .launch.gpus import gpu_compute_capabilities
-
-    capabilities = gpu_compute_capabilities()
-    return bool(capabilities) and capabilities[0] >= (8, 9)

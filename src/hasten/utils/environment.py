@@ -1,5 +1,5 @@
 """The peer's ``accelerate.utils.environment`` path: names only; the code lives in `hasten.environment`
-(and `hasten.availability` for the fp8 capability check).
+(and `hasten.launch.gpus` for the fp8 capability check, asked of nvidia-smi).
 
 Example:
     >>> import os
@@ -9,7 +9,7 @@ Example:
     '1'
 """
 
-from ..availability import check_cuda_fp8_capability
+from ..launch.gpus import check_cuda_fp8_capability
 from ..environment import (
     clear_environment,
     convert_dict_to_env_variables,
