@@ -24,7 +24,7 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:
     """Call `write(tmp_path)` then rename onto `path`: readers never see a half-written file.
 
     The file gets the mode ``open()`` would give it (0666 less the umask),

@@ -382,7 +382,7 @@ def _optional(f: dataclasses.Field) -> bool:
 
 def default_of(f: dataclasses.Field) -> Any:
     """A field's default value (calling its factory for lists and dicts)."""
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
 
 
 def to_dict(config: LaunchConfig) -> dict[str, Any]:
@@ -434,7 +434,7 @@ def load_config(path: str | os.PathLike[str] | None = None, required: bool = Fal
     (or `required=True`) is an error.
     """
     explicit = path is not None
-    path = Path(path) if explicit else default_config_path()
+    path = Path(path) if path is not None else default_config_path()
     if not path.exists():
         if explicit or required:
             raise ConfigError(f"config file {str(path)!r} does not exist; create it with `hasten config`.")

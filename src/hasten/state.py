@@ -60,7 +60,7 @@ class PartialState:
         self.debug = spec.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
         if dist.is_available() and dist.is_initialized():
             self.topology = topology_from_group()
-            self.backend = dist.get_backend()
+            self.backend: str | None = dist.get_backend()
         else:
             self.topology = ProcessTopology.from_env() if topology is None else topology
             self.backend = None
@@ -233,11 +233,15 @@ class PartialState:
             >>> PartialState(cpu=True).distributed_type.value
             'NO'
         """
-        return _partial_facts.get("distributed_type") or self._launched_type()
+        return self._launched_or_told()
 
     @distributed_type.setter
     def distributed_type(self, value: Any) -> None:
         _partial_facts["distributed_type"] = value
+
+    def _launched_or_told(self) -> Any:
+        """What an Accelerator told every `PartialState`, else what the environment implies."""
+        return _partial_facts.get("distributed_type") or self._launched_type()
 
     def _launched_type(self) -> Any:
         """The distributed type the environment alone implies (no Accelerator asked yet)."""
@@ -337,7 +341,7 @@ class AcceleratorState(PartialState):
             'FSDP'
             >>> AcceleratorState._reset_state(True)
         """
-        return self._fact("distributed_type") or PartialState.distributed_type.fget(self)
+        return self._fact("distributed_type") or PartialState._launched_or_told(self)
 
     @distributed_type.setter
     def distributed_type(self, value: Any) -> None:

@@ -220,9 +220,9 @@ def run_forwarding_signals(command: list[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:  # mpirun reports a forwarded signal as a plain exit 1; say what happened
-        sig = received[0]
-        sys.stderr.write(f"hasten launch: stopped by {signal.Signals(sig).name}; all processes were ended.\n")
-        return 128 + int(sig)
+        first = received[0]
+        sys.stderr.write(f"hasten launch: stopped by {signal.Signals(first).name}; all processes were ended.\n")
+        return 128 + int(first)
     return 128 - code if code < 0 else code
 
 

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
     except SystemExit as stop:
         if is_preemption(stop):  # the checkpoint is saved on every rank: leave together, quietly
             leave_process_group(success=True)
-            exit_now(int(stop.code))
+            exit_now(int(stop.code or 0))
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code != 0:
             if not isinstance(stop.code, int):

@@ -139,7 +139,7 @@ def _group_timeout() -> float:
     import torch.distributed as dist
 
     try:
-        return dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        return dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - a private attribute: fall back to hasten's default
         from .group import DEFAULT_TIMEOUT
 

@@ -217,10 +217,11 @@ class _Paths:
         self.collective_dirs = tuple(os.path.join(self.torch, *p) for p in (
             ("distributed", "fsdp", ""), ("distributed", "algorithms", ""), ("nn", "parallel", "distributed.py")))
         self.autograd = os.path.join(self.torch, "autograd", "")
-        self.libraries = (self.torch, _PACKAGE_DIR + os.sep)
+        self.libraries: tuple[str, ...] = (self.torch, _PACKAGE_DIR + os.sep)
         deepspeed = sys.modules.get("deepspeed")
-        if deepspeed is not None and getattr(deepspeed, "__file__", None):
-            root = os.path.dirname(os.path.abspath(deepspeed.__file__)) + os.sep
+        deepspeed_file = getattr(deepspeed, "__file__", None)
+        if deepspeed_file:
+            root = os.path.dirname(os.path.abspath(deepspeed_file)) + os.sep
             self.collective_dirs += (os.path.join(root, "comm", ""),)
             self.libraries += (root,)
 
@@ -281,7 +282,7 @@ class _Looker:
             return {"kind": "hasten", "n": number, "op": operation, "site": call_site(frame)}
         import torch
 
-        frame = sys._current_frames().get(self.main)
+        frame = sys._current_frames().get(self.main) if self.main is not None else None
         key = _torch_wait(frame, torch.cuda.is_initialized())
         del frame
         cpu = time.process_time()
@@ -353,13 +354,14 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
         if any(o is None for o in others):
             suspect = None
             continue
-        places = [_place(o) for o in others]
+        waits: list[dict[str, Any]] = [o for o in others if o is not None]  # all of them: none is None here
+        places = [_place(o) for o in waits]
         if len(set(places)) < 2:
             suspect = None
         elif suspect is None or suspect[1] != places:
             suspect = (now, places)
         elif now - suspect[0] >= _VERDICT_AFTER:
-            _report(rank, _summary(others), store)
+            _report(rank, _summary(waits), store)
 
 
 def _summary(where: list[dict[str, Any]]) -> str:
