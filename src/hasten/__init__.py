@@ -19,7 +19,7 @@ __version__ = "1.15.0"
 # public name -> module that defines it
 _EXPORTS = {
     "Accelerator": "accelerator",
-    "PartialState": "state",
+    "PartialState": "runtime.state",
     "ProcessTopology": "topology",
     "LaunchSpec": "launch_spec",
     "DistributedType": "options",
@@ -35,7 +35,7 @@ _EXPORTS = {
     "skip_first_batches": "data",
     "notebook_launcher": "launch.notebook",
     "debug_launcher": "launch.notebook",
-    "AcceleratorState": "state",
+    "AcceleratorState": "runtime.state",
     "FullyShardedDataParallelPlugin": "strategies.fsdp.plugin",
     "DeepSpeedPlugin": "strategies.deepspeed.plugin",
     "ParallelismConfig": "strategies.parallel.mesh",
@@ -89,8 +89,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
         ProfileKwargs,
     )
     from .checkpointing.project import ProjectConfiguration
+    from .runtime.state import AcceleratorState, PartialState
     from .seeding import set_seed
     from .throughput import ThroughputMeter
-    from .state import AcceleratorState, PartialState
     from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from .topology import ProcessTopology

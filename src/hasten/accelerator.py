@@ -30,7 +30,6 @@ from .facade.runtime import RuntimePart
 from .facade.trackers import TrackerPart
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
-from .optimizer import AcceleratedOptimizer
 from .options import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -44,9 +43,11 @@ from .options import (
     TorchDynamoPlugin,
     split_kwargs_handlers,
 )
+from .process.group import shutdown_process_group
+from .runtime.optimizer import AcceleratedOptimizer
+from .runtime.scheduler import SchedulerKwargs
+from .runtime.state import AcceleratorState
 from .saving import save as _save
-from .scheduler import SchedulerKwargs
-from .state import AcceleratorState, shutdown_process_group
 from .strategies.select import select_strategy
 
 if TYPE_CHECKING:

@@ -251,7 +251,7 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
         raise ValueError(f"copy_tensor_to_devices needs the tensor on exactly one process but {len(holders)} passed "
                          "one; pass None on every other process.")
     if tensor is None:
-        from .state import PartialState
+        from .runtime.state import PartialState
 
         shape, dtype = described[holders[0]]
         tensor = torch.empty(shape, dtype=dtype, device=PartialState().device)

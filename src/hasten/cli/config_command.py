@@ -119,11 +119,11 @@ def update(path: Path) -> int:
 
 
 # ---------------------------------------------------------------------------- the questionnaire
-def _question(schema: type, name: str) -> str:
+def _question(schema: type[Any], name: str) -> str:
     return schema.__dataclass_fields__[name].metadata["question"]
 
 
-def _choices(schema: type, name: str) -> tuple[Any, ...]:
+def _choices(schema: type[Any], name: str) -> tuple[Any, ...]:
     return schema.__dataclass_fields__[name].metadata["choices"]
 
 

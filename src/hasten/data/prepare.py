@@ -198,7 +198,7 @@ def prepare_data_loader(
         raise NotImplementedError("prepare_data_loader(torch_device_mesh=...) is not supported by this hasten version; "
                                   "let Accelerator.prepare place the data on its mesh.")
     if num_processes is None or process_index is None:
-        from ..state import PartialState
+        from ..runtime.state import PartialState
 
         state = PartialState()
         num_processes = state.num_processes if num_processes is None else num_processes

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from ..checkpointing.project import ProjectConfiguration
     from ..data.loader import PreparedDataLoader
     from ..gradient_state import GradientState
-    from ..optimizer import AcceleratedOptimizer
-    from ..scheduler import AcceleratedScheduler
-    from ..state import AcceleratorState
+    from ..runtime.optimizer import AcceleratedOptimizer
+    from ..runtime.scheduler import AcceleratedScheduler
+    from ..runtime.state import AcceleratorState
     from ..strategies.base import Strategy
 
 __all__ = ["CheckpointPart"]

@@ -14,14 +14,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..optimizer import AcceleratedOptimizer
 from ..options import DataLoaderConfiguration, DynamoBackend, TorchDynamoPlugin
-from ..scheduler import AcceleratedScheduler
+from ..runtime.optimizer import AcceleratedOptimizer
+from ..runtime.scheduler import AcceleratedScheduler
 
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
     from ..gradient_state import GradientState
-    from ..state import AcceleratorState
+    from ..runtime.state import AcceleratorState
     from ..strategies.base import Strategy
 
 __all__ = ["PreparePart", "make_dynamo_plugin"]
@@ -252,7 +252,7 @@ class PreparePart:
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap the scheduler so it steps only with its optimizer, as Accelerate's does (see `hasten.scheduler`)."""
+        """Wrap the scheduler so it steps only with its optimizer, as Accelerate's does (see `hasten.runtime.scheduler`)."""
         self._refuse_prepared(scheduler)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
         prepared = AcceleratedScheduler(scheduler, optimizers or list(self._optimizers), self.step_scheduler_with_optimizer,

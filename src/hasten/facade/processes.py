@@ -16,7 +16,7 @@ from .. import collectives
 
 if TYPE_CHECKING:
     from ..gradient_state import GradientState
-    from ..state import AcceleratorState
+    from ..runtime.state import AcceleratorState
 
 __all__ = ["ProcessPart"]
 

@@ -16,7 +16,7 @@ from ..options import AutocastKwargs, ProfileKwargs
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
     from ..precision import PrecisionPolicy
-    from ..state import AcceleratorState
+    from ..runtime.state import AcceleratorState
     from ..strategies.base import Strategy
 
 __all__ = ["RuntimePart"]

@@ -8,7 +8,7 @@ from ..tracking import GeneralTracker, resolve_log_with, start_tracker
 
 if TYPE_CHECKING:
     from ..checkpointing.project import ProjectConfiguration
-    from ..state import AcceleratorState
+    from ..runtime.state import AcceleratorState
 
 __all__ = ["TrackerPart"]
 
