@@ -28,16 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence, cast
 
-from .gradient_state import GradientState
+from ..gradient_state import GradientState
+from ..options import KwargsHandler
 from .optimizer import AcceleratedOptimizer
-from .options import KwargsHandler
 
 __all__ = ["AcceleratedScheduler", "SchedulerKwargs"]
 
 
 @dataclass
 class SchedulerKwargs(KwargsHandler):
-    """hasten's scheduler option (an opt-in: the default is Accelerate's stepping, see `hasten.scheduler`).
+    """hasten's scheduler option (an opt-in: the default is Accelerate's stepping, see `hasten.runtime.scheduler`).
 
     ``once_per_optimizer_step=True``: a prepared scheduler advances once per
     optimizer step that happened, on any number of processes, instead of

@@ -17,19 +17,18 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from .gradient_state import GradientState
-from .launch_spec import LaunchSpec
-from .process import watchdog
-from .process.group import (
+from ..launch_spec import LaunchSpec
+from ..process import watchdog
+from ..process.group import (
     DEFAULT_TIMEOUT,
     init_process_group,
     shutdown_process_group,
     start_watchdog,
     topology_from_group,
 )
-from .topology import ProcessTopology, backend_for_device, select_device
+from ..topology import ProcessTopology, backend_for_device, select_device
 
-__all__ = ["PartialState", "AcceleratorState", "GradientState", "is_initialized", "shutdown_process_group"]
+__all__ = ["PartialState", "AcceleratorState", "is_initialized"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -131,7 +130,7 @@ class PartialState:
         if self.use_distributed:
             with watchdog.waiting("wait_for_everyone"):
                 if self.debug:
-                    from .collectives import check_same_everywhere
+                    from ..collectives import check_same_everywhere
 
                     check_same_everywhere("wait_for_everyone", None)
                 dist.barrier()
@@ -213,7 +212,7 @@ class PartialState:
             ...     mine
             ['a', 'b', 'c']
         """
-        from .collectives import split_for_process
+        from ..collectives import split_for_process
 
         yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding)
 
@@ -245,7 +244,7 @@ class PartialState:
 
     def _launched_type(self) -> Any:
         """The distributed type the environment alone implies (no Accelerator asked yet)."""
-        from .options import DistributedType
+        from ..options import DistributedType
 
         if LaunchSpec.current().deepspeed is not None:
             return DistributedType.DEEPSPEED
