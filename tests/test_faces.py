@@ -17,10 +17,12 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "hasten"
 
 # Accelerate's module paths that hasten keeps only as faces (hasten's own packages such as
-# hasten.big_modeling, hasten.checkpointing or hasten.local_sgd are the code itself, not faces).
+# hasten.big_modeling, hasten.checkpointing or hasten.local_sgd are the code itself, not faces;
+# state, optimizer and scheduler live in hasten.runtime).
 FACES = sorted(
     [f"utils/{path.name}" for path in (SRC / "utils").glob("*.py")]
-    + ["data_loader.py", "launchers.py", "memory_utils.py", "hooks.py", "inference.py", "parallelism_config.py"]
+    + ["data_loader.py", "launchers.py", "memory_utils.py", "hooks.py", "inference.py", "parallelism_config.py",
+       "state.py", "optimizer.py", "scheduler.py"]
 )
 
 

@@ -1,0 +1,19 @@
+"""Accelerate's ``accelerate.state`` path: names only; the code lives in `hasten.runtime.state`.
+
+`GradientState` is defined in `hasten.gradient_state`, `shutdown_process_group`
+in `hasten.process.group`.
+
+Example:
+    >>> from hasten.state import PartialState
+    >>> state = PartialState(cpu=True)
+    >>> state.num_processes, state.process_index
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+from .gradient_state import GradientState
+from .process.group import shutdown_process_group
+from .runtime.state import AcceleratorState, PartialState, is_initialized
+
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "is_initialized", "shutdown_process_group"]
