@@ -26,6 +26,8 @@ __all__ = [
     "ConfigError",
     "LaunchError",
     "CheckpointError",
+    "CheckpointCorrupted",
+    "CheckpointWriteError",
     "DeepSpeedConfigError",
     "DistributedOperationException",
     "CollectiveShapeMismatch",
@@ -78,6 +80,32 @@ class CheckpointError(HastenError, ValueError):
 
     Example:
         >>> issubclass(CheckpointError, ValueError)
+        True
+    """
+
+
+class CheckpointCorrupted(CheckpointError):
+    """A checkpoint file whose bytes differ from what was saved (its content hash or size no longer matches the manifest).
+
+    ``load_state`` raises it before anything in memory changes;
+    ``ProjectConfiguration(fallback_on_damage=True)`` makes automatic
+    resume load the newest undamaged checkpoint instead.
+
+    Example:
+        >>> issubclass(CheckpointCorrupted, CheckpointError)
+        True
+    """
+
+
+class CheckpointWriteError(CheckpointError):
+    """``save_state`` could not write its files (disk full, file too large, no permission); the previous checkpoint is kept.
+
+    Every process raises the same error; the message names the reason,
+    the checkpoint directory, and the checkpoint that stays the one
+    ``load_state`` loads.
+
+    Example:
+        >>> issubclass(CheckpointWriteError, CheckpointError)
         True
     """
 

@@ -1,8 +1,9 @@
 """Publishing a checkpoint directory atomically, and checking one before anything is loaded from it.
 
-Protocol: every file is written into a staging sibling (``.NAME.staging``)
-and fsynced; when every process reports success, the publisher writes the
-manifest (`MANIFEST_NAME`, the completeness marker, last), fsyncs, and
+Protocol: every file is written into a staging sibling (``.NAME.staging``),
+hashed and fsynced; when every process reports success, the publisher writes the
+manifest (`MANIFEST_NAME`, the completeness marker, last, with every file's
+size and content hash: `integrity`), fsyncs, and
 renames the staging directory onto its final name. A run killed at any
 moment leaves either the old checkpoint or the new one, never a mix; a
 directory without a manifest is never loaded.
@@ -18,11 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointCorrupted, CheckpointError
 from .constants import MANIFEST_NAME
 
 __all__ = [
     "CheckpointError",
+    "CheckpointCorrupted",
     "staging_path",
     "begin_staging",
     "fsync_path",
@@ -139,9 +141,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((path / MANIFEST_NAME).read_text())
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"the manifest of {path} cannot be read ({error}); the checkpoint is damaged.") from None
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{path / MANIFEST_NAME} is not a hasten checkpoint manifest; the checkpoint is damaged.")
+        raise CheckpointCorrupted(f"the manifest of {path} cannot be read ({error}); the checkpoint is damaged.") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        raise CheckpointCorrupted(f"{path / MANIFEST_NAME} is not a hasten checkpoint manifest; the checkpoint is damaged.")
     if manifest.get("version", 0) > VERSION:
         raise CheckpointError(
             f"{path} was written by a newer hasten (format {manifest['version']}, this one reads {VERSION}); upgrade hasten."
@@ -150,15 +152,15 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def check_files(path: Path, manifest: dict[str, Any], names: list[str]) -> None:
-    """Every named file exists with the size the manifest recorded."""
+    """Every named file exists with the size the manifest recorded (`integrity` then checks their bytes)."""
     sizes = manifest["files"]
     for name in names:
         if name not in sizes:
             raise CheckpointError(f"{path} has no {name} in its manifest; it was saved by a different setup.")
         file = path / name
         if not file.is_file():
-            raise CheckpointError(f"{path} is damaged: {name} is missing.")
+            raise CheckpointCorrupted(f"{path} is damaged: {name} is missing.")
         if file.stat().st_size != sizes[name]:
-            raise CheckpointError(
+            raise CheckpointCorrupted(
                 f"{path} is damaged: {name} has {file.stat().st_size} bytes, the manifest says {sizes[name]}."
             )

@@ -9,9 +9,12 @@ folder written by Accelerate itself (no hasten manifest) is read by
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import CheckpointCorrupted
 from .commit import CheckpointError, check_files, is_checkpoint, read_manifest, resolve_complete
 from .constants import (
     CUSTOM_STATE_NAME,
@@ -26,15 +29,17 @@ from .constants import (
 )
 from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer
 from .foreign import read_accelerate_checkpoint
+from .integrity import Hashes, check_hashes, start_checking
 from .jsonable import decode
 from .model_files import read_weights_file
-from .project import ProjectConfiguration, checkpoints_root, latest_checkpoint
+from .project import ProjectConfiguration, checkpoints_root, latest_checkpoint, list_checkpoints
 from .saveset import SaveSet
 from .state import SHARDED_FORMAT, agree, all_gather, barrier, indexed_name, model_format
 
 __all__ = ["load_checkpoint", "read_checkpoint", "apply_checkpoint", "resolve_load_dir"]
 
 _OP = "load_state"
+_logger = logging.getLogger("hasten")
 
 
 def _check_count(manifest: dict[str, Any], what: str, now: int) -> None:
@@ -92,10 +97,43 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
     names += [f"{CUSTOM_STATE_NAME}_{i}.pkl" for i in range(len(saveset.custom))]
     if saveset.scaler is not None and manifest["contents"].get("scaler"):
         names.append(SCALER_NAME)
-    check_files(path, manifest, names)
-
-    if sharded:  # every file any process wrote must be whole before any process reads its part
+    grads_name = f"{GRADIENTS_NAME}_{saveset.process.rank}.safetensors"
+    rng_name = f"{RNG_STATE_NAME}_{saveset.process.rank}.pkl"
+    own = [name for name in (grads_name, rng_name) if name in manifest["files"]]  # this process's, if it saved
+    check_files(path, manifest, names + own)
+    if sharded:  # every file any process wrote must be whole before any process reads its part (a collective)
         check_files(path, manifest, list(manifest["files"]))
+        check_hashes(path, manifest, start_checking(path, manifest, list(manifest["files"])))
+        hashes = None
+    else:  # hashed on a helper thread while this one deserializes the same (cached) bytes
+        hashes = start_checking(path, manifest, names + own)
+    try:
+        _read_files(saveset, contents, models, names, restore_position, options, sharded, model_base, legacy_samplers)
+        check_hashes(path, manifest, hashes)
+    except CheckpointCorrupted:
+        raise
+    except CheckpointError:
+        _damage_first(path, manifest, hashes)  # a file whose bytes changed explains a failed read best
+        raise
+    finally:
+        if hashes is not None:
+            hashes.close()
+    return contents
+
+
+def _damage_first(path: Path, manifest: dict[str, Any], hashes: Hashes | None) -> None:
+    try:
+        check_hashes(path, manifest, hashes)
+    except CheckpointCorrupted as damaged:
+        raise damaged from None
+
+
+def _read_files(saveset: SaveSet, contents: CheckpointContents, models: list[Any], names: list[str],
+                restore_position: bool, options: ReadOptions, sharded: bool, model_base: str,
+                legacy_samplers: bool) -> None:
+    """Deserialize and check this process's part of a hasten checkpoint into `contents` (nothing live changes)."""
+    path, manifest, strategy = contents.path, contents.manifest, saveset.engine
+    if sharded:
         try:
             contents.sharded = strategy.read_checkpoint_files(path, models, saveset.optimizers)
         except CheckpointError:
@@ -107,7 +145,7 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
         try:
             saved = read_weights_file(path / name)
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"{name} in {path} cannot be read ({error}); the checkpoint is damaged.") from None
+            raise CheckpointCorrupted(f"{name} in {path} cannot be read ({error}); the checkpoint is damaged.") from None
         check_model(name, saved, strategy.model_state_dict_shapes(model))
         contents.models.append((model, saved))
     for i, optimizer in enumerate([] if sharded else saveset.optimizers):
@@ -133,7 +171,6 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
     contents.custom = [options.read(path, f"{CUSTOM_STATE_NAME}_{i}.pkl") for i in range(len(saveset.custom))]
     grads_name = f"{GRADIENTS_NAME}_{saveset.process.rank}.safetensors"
     if grads_name in manifest["files"]:
-        check_files(path, manifest, [grads_name])
         contents.gradients = read_weights_file(path / grads_name)
         for i, model in enumerate(models):
             shapes = {f"{i}.{k}": v for k, v in strategy.model_state_dict_shapes(model).items()}
@@ -141,10 +178,8 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
                 if key.startswith(f"{i}.") and (key not in shapes or shapes[key].shape != grad.shape):
                     raise CheckpointError(f"{grads_name} does not fit model {i}: {key} has no parameter of that shape.")
     rng_name = f"{RNG_STATE_NAME}_{saveset.process.rank}.pkl"
-    if (path / rng_name).is_file():
-        check_files(path, manifest, [rng_name])
+    if rng_name in manifest["files"]:
         contents.rng = options.read(path, rng_name)
-    return contents
 
 
 def apply_checkpoint(saveset: SaveSet, contents: CheckpointContents) -> None:
@@ -182,26 +217,64 @@ def apply_checkpoint(saveset: SaveSet, contents: CheckpointContents) -> None:
         saveset.project.iteration = iteration + 1
 
 
-def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
-                    on_missing_rng: Callable[[str], None] | None = None,
-                    load_kwargs: dict[str, Any] | None = None) -> Path | None:
-    """Check, agree, then restore everything in `saveset`; returns the checkpoint loaded (None: automatic naming, none yet)."""
-    n = saveset.process.world
-    options = ReadOptions.from_load_kwargs(load_kwargs)
+def _same(path: Path) -> Path | None:
+    return path
+
+
+def _earlier_checkpoint(path: Path) -> Path | None:
+    """The newest complete automatic checkpoint older than `path` (None: there is none)."""
+    older = [candidate for _, candidate in list_checkpoints(path.parent)]
+    return older[older.index(path) - 1] if path in older and older.index(path) > 0 else None
+
+
+def _read_agreed(saveset: SaveSet, locate: Callable[[], Path | None], options: ReadOptions
+                 ) -> tuple[Path | None, CheckpointContents | None, list[CheckpointError]]:
+    """Every process finds and reads a checkpoint; returns its path, this process's contents, and every process's
+    error (the same list on every process, so all decide alike)."""
     error, contents, path = None, None, None
     try:
-        path = resolve_load_dir(saveset.project, input_dir)
+        path = locate()
         if path is not None:
             contents = read_checkpoint(saveset, path, saveset.restore_position, options)
     except CheckpointError as failure:
-        error = str(failure)
-    agree(error, n, _OP)
+        error = failure
+    n = saveset.process.world
+    errors = all_gather(error, n, _OP)
+    prefixed = [type(e)(("" if n == 1 else f"on process {rank}: ") + str(e)) for rank, e in enumerate(errors) if e is not None]
+    return path, contents, prefixed
+
+
+def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
+                    on_missing_rng: Callable[[str], None] | None = None,
+                    load_kwargs: dict[str, Any] | None = None) -> Path | None:
+    """Check, agree, then restore everything in `saveset`; returns the checkpoint loaded (None: automatic naming, none yet).
+
+    With ``ProjectConfiguration(fallback_on_damage=True)`` and no `input_dir`, a newest checkpoint that any
+    process finds damaged (`CheckpointCorrupted`) is passed over for the newest complete one before it, with a warning.
+    """
+    n = saveset.process.world
+    options = ReadOptions.from_load_kwargs(load_kwargs)
+    path, contents, errors = _read_agreed(saveset, lambda: resolve_load_dir(saveset.project, input_dir), options)
+    damaged: list[tuple[Path, CheckpointError]] = []
+    fallback = input_dir is None and saveset.project.fallback_on_damage
+    while errors and fallback and path is not None and all(isinstance(e, CheckpointCorrupted) for e in errors):
+        earlier = _earlier_checkpoint(path)
+        if earlier is None:
+            break
+        damaged.append((path, errors[0]))
+        path, contents, errors = _read_agreed(saveset, functools.partial(_same, earlier), options)
+    if errors:
+        raise errors[0]
     found = all_gather(None if path is None else str(path), n, _OP)
     if len(set(found)) > 1:
         raise CheckpointError(f"the processes found different checkpoints to resume from ({found}); use a shared disk "
                               "or pass the same input_dir on every process.")
     if contents is None:
         return None
+    if damaged and saveset.process.is_main:
+        for bad, why in damaged:
+            _logger.warning("hasten: %s is damaged and was passed over (%s); loading the previous complete checkpoint "
+                            "%s instead (ProjectConfiguration(fallback_on_damage=True)).", bad, why, path)
     if on_missing_rng is not None and saveset.process.is_main:
         for note in contents.manifest.get("notes", []):
             on_missing_rng(note)
@@ -212,5 +285,8 @@ def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
         on_missing_rng(f"{contents.path} has no RNG state for process {saveset.process.rank} (it was saved by "
                        f"{who}); this process keeps its own random state.")
     apply_checkpoint(saveset, contents)
+    if damaged:  # the next automatic save goes past the damaged checkpoints, which stay on disk to be looked at
+        newest = int(damaged[0][0].name.rpartition("_")[2])
+        saveset.project.iteration = max(saveset.project.iteration, newest + 1)
     barrier(n, _OP)
     return contents.path

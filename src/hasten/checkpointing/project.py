@@ -23,6 +23,19 @@ class ProjectConfiguration:
     loads the newest complete one; `total_limit` keeps only that many
     (older ones are removed only after a new one is complete).
 
+    `fallback_on_damage` (hasten's field; Accelerate has none): when the
+    newest checkpoint that `load_state()` picks by itself is damaged (a
+    file's bytes no longer match the hash its manifest recorded, or a file
+    is missing, truncated or unreadable), load the newest complete
+    undamaged one before it instead of raising `CheckpointCorrupted`, and
+    log a warning naming both; the next save goes past the damaged one,
+    which stays on disk. Off by default: silently resuming from an older
+    state is a decision for the user. It lives here, not as a `load_state`
+    argument, because `load_state` keeps Accelerate's signature (whose
+    extra keywords go to the model loader) and because it is a policy of
+    the project's automatic checkpoints, set once where they are set up;
+    a `load_state(input_dir)` call names its checkpoint and never falls back.
+
     Example:
         >>> config = ProjectConfiguration("runs/demo", automatic_checkpoint_naming=True, total_limit=2)
         >>> config.logging_dir
@@ -35,6 +48,7 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    fallback_on_damage: bool = False
 
     def __post_init__(self) -> None:
         if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):

@@ -27,10 +27,12 @@ from typing import Any
 import torch
 
 from . import handshake
+from . import integrity
 from .commit import CheckpointError, begin_staging, fsync_path, publish, staging_path, write_manifest
 from .constants import (
     CUSTOM_STATE_NAME,
     GRADIENTS_NAME,
+    MANIFEST_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
     SAFE_WEIGHTS_NAME,
@@ -38,6 +40,8 @@ from .constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
+from .failures import FileWriteFailed, write_failure
+from .integrity import Hashes, manifest_hashes
 from .jsonable import encode
 from .model_files import write_weights
 from .project import ProjectConfiguration, checkpoints_root, rotate_checkpoints
@@ -108,7 +112,8 @@ def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serial
     try:
         path = _save(saveset, target, automatic, safe_serialization, together=False)
     except Exception as failure:
-        handshake.answer(decision, {"mode": "error", "error": f"the main process could not save {target}: {failure}"})
+        message = str(failure) if isinstance(failure, CheckpointError) else f"the main process could not save {target}: {failure}"
+        handshake.answer(decision, {"mode": "error", "error": message})
         raise
     handshake.answer(decision, {"mode": "alone", "target": str(path)})
     return path
@@ -134,49 +139,72 @@ def _needs_everyone(strategy: CheckpointEngine, decision: handshake.Decision) ->
             "`if accelerator.is_main_process:`.")
 
 
-def _write(directory: Path, name: str, obj: Any) -> tuple[str, int]:
+def _write(directory: Path, name: str, obj: Any, hashes: Hashes | None) -> tuple[str, int]:
     path = directory / name
-    torch.save(obj, path)
-    fsync_path(path)
+    try:
+        torch.save(obj, path)  # to the path, not to a file object: the archive inside is named as Accelerate's
+        _seal(path, name, hashes)
+    except Exception as failure:
+        raise FileWriteFailed(name) from failure
     return name, path.stat().st_size
 
 
-def _write_model(directory: Path, name: str, tensors: dict[str, torch.Tensor], safe: bool) -> tuple[str, int]:
+def _write_model(directory: Path, name: str, tensors: dict[str, torch.Tensor], safe: bool,
+                 hashes: Hashes | None) -> tuple[str, int]:
+    if not safe:  # straight into the staging folder, which is published atomically as a whole
+        return _write(directory, name, {k: v.detach().cpu() for k, v in tensors.items()}, hashes)
     path = directory / name
-    write_weights(tensors, path, safe)
-    fsync_path(path)
+    try:
+        write_weights(tensors, path, safe)
+        _seal(path, name, hashes)
+    except Exception as failure:
+        raise FileWriteFailed(name) from failure
     return name, path.stat().st_size
+
+
+def _seal(path: Path, name: str, hashes: Hashes | None) -> None:
+    """Hash the file just written (from the page cache, on the helper thread) while this thread fsyncs it."""
+    if hashes is not None:
+        hashes.add(name, path)
+    fsync_path(path)
 
 
 def _write_files(saveset: SaveSet, staging: Path, publisher: bool, weights: list[dict[str, torch.Tensor]],
-                 optimizer_states: list[dict[str, Any]], safe: bool) -> dict[str, int]:
-    """This process's files (the publisher writes the shared ones); returns {name: size}."""
+                 optimizer_states: list[dict[str, Any]], safe: bool, hashes: Hashes | None) -> dict[str, int]:
+    """This process's files (the publisher writes the shared ones); returns {name: size}, and hashes them."""
     strategy = saveset.engine
     models = list(saveset.models)
     rank = saveset.process.rank
     files: dict[str, int] = {}
     staging.mkdir(parents=True, exist_ok=True)  # a process on another machine without a shared disk
     if strategy.writes_own_checkpoint_files:  # each process writes its own shard of every model and optimizer
-        files.update(strategy.save_checkpoint_files(staging, models, saveset.optimizers))
+        try:
+            written = strategy.save_checkpoint_files(staging, models, saveset.optimizers)
+        except Exception as failure:
+            raise FileWriteFailed(f"its {_ENGINES.get(strategy.name, strategy.name)} shards") from failure
+        files.update(written)
+        for name in written:
+            if hashes is not None:
+                hashes.add(name, staging / name)
     if publisher:
         model_base = SAFE_WEIGHTS_NAME if safe else WEIGHTS_NAME
         for i, weight in enumerate(weights):
-            files.update([_write_model(staging, indexed_name(model_base, i), weight, safe)])
+            files.update([_write_model(staging, indexed_name(model_base, i), weight, safe, hashes)])
         for i, optimizer_state in enumerate(optimizer_states):
-            files.update([_write(staging, indexed_name(f"{OPTIMIZER_NAME}.bin", i), optimizer_state)])
+            files.update([_write(staging, indexed_name(f"{OPTIMIZER_NAME}.bin", i), optimizer_state, hashes)])
         for i, scheduler in enumerate(saveset.schedulers):
-            files.update([_write(staging, indexed_name(f"{SCHEDULER_NAME}.bin", i), scheduler.state_dict())])
+            files.update([_write(staging, indexed_name(f"{SCHEDULER_NAME}.bin", i), scheduler.state_dict(), hashes)])
         if saveset.scaler is not None:
-            files.update([_write(staging, SCALER_NAME, saveset.scaler.state_dict())])
+            files.update([_write(staging, SCALER_NAME, saveset.scaler.state_dict(), hashes)])
         for i, obj in enumerate(saveset.custom):
-            files.update([_write(staging, f"{CUSTOM_STATE_NAME}_{i}.pkl", obj.state_dict())])
+            files.update([_write(staging, f"{CUSTOM_STATE_NAME}_{i}.pkl", obj.state_dict(), hashes)])
     rng = {**saveset.capture_rng(), "step": saveset.counter.step}  # "step" where Accelerate keeps it
-    files.update([_write(staging, f"{RNG_STATE_NAME}_{rank}.pkl", rng)])
+    files.update([_write(staging, f"{RNG_STATE_NAME}_{rank}.pkl", rng, hashes)])
     # Mid-accumulation, the gradients gathered so far are state too (and differ per process).
     gradients = {f"{i}.{name}": grad for i, model in enumerate(models)
                  for name, grad in strategy.model_gradients(model).items()}
     if gradients:
-        files.update([_write_model(staging, f"{GRADIENTS_NAME}_{rank}.safetensors", gradients, True)])
+        files.update([_write_model(staging, f"{GRADIENTS_NAME}_{rank}.safetensors", gradients, True, hashes)])
     return files
 
 
@@ -191,12 +219,14 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         publisher = True
     else:
         publisher = process.is_local_main if config.save_on_each_node else process.is_main
-    error = None
+    error: str | CheckpointError | None = None
     if publisher:
         try:
             begin_staging(target)
-        except (CheckpointError, OSError) as failure:
+        except CheckpointError as failure:
             error = str(failure)
+        except OSError as failure:  # e.g. a directory this process may not write
+            error = write_failure(failure, target, automatic, process.rank)
     agree(error, n, _OP)
     staging = staging_path(target)
 
@@ -209,15 +239,22 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
     for hook in saveset.save_pre_hooks:
         hook(models, weights, str(staging))  # a hook may pop weights it saves itself (e.g. save_pretrained)
     files: dict[str, int] = {}
+    digests: dict[str, str] = {}
     error = None
+    hashes = Hashes() if integrity.ENABLED else None
     try:
-        files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization)
+        files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization, hashes)
+        digests = hashes.result() if hashes is not None else {}
     except Exception as failure:  # noqa: BLE001 - reported to every process, then raised everywhere
-        error = f"writing the checkpoint failed: {type(failure).__name__}: {failure}"
-    reports = all_gather((error, files), n, _OP)
-    first_error = next((e for e, _ in reports if e is not None), None)
+        error = write_failure(failure, target, automatic, process.rank)  # while the disk is as the failure left it
+    finally:
+        if hashes is not None:
+            hashes.close()
+    reports = all_gather((error, files, digests), n, _OP)
+    first_error = next((e for e, _, _ in reports if e is not None), None)
     if first_error is None and publisher:
-        all_files = {name: size for _, part in reports for name, size in part.items()}
+        all_files = {name: size for _, part, _ in reports for name, size in part.items()}
+        all_digests = {name: digest for _, _, part in reports for name, digest in part.items()}
         try:
             write_manifest(staging, {
                 "iteration": iteration if automatic else None,
@@ -230,11 +267,12 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
                              "custom": len(saveset.custom), "scaler": saveset.scaler is not None,
                              "model_format": model_format(strategy, safe_serialization)},
                 "dataloaders": [encode(loader.state_dict()) for loader in saveset.dataloaders],
+                **({"hashes": manifest_hashes(all_digests)} if hashes is not None else {}),
             })
             publish(staging, target)
         except (OSError, TypeError) as failure:
-            first_error = f"publishing the checkpoint failed: {failure}"
-    if first_error is not None and publisher:
+            first_error = write_failure(failure, target, automatic, process.rank, MANIFEST_NAME)
+    if first_error is not None:
         shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, is untouched
     agree(first_error, n, _OP)  # every process knows the outcome before going on
     if automatic and publisher:

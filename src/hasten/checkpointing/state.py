@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..process import watchdog
+from ..errors import CheckpointCorrupted
 from .commit import CheckpointError
 
 __all__ = ["indexed_name", "SHARDED_FORMAT", "model_format", "all_gather", "barrier", "agree", "read_pickle",
@@ -77,10 +78,16 @@ def barrier(num_processes: int, operation: str) -> None:
             dist.barrier()
 
 
-def agree(error: str | None, num_processes: int, operation: str) -> None:
-    """Raise the first process's error on every process (so no process goes on alone)."""
+def agree(error: str | CheckpointError | None, num_processes: int, operation: str) -> None:
+    """Raise the first process's error on every process (so no process goes on alone).
+
+    A `CheckpointError` is raised as it is, same kind and sentence everywhere (it names the process itself); a
+    string becomes a `CheckpointError` prefixed with the process that gave it.
+    """
     errors = all_gather(error, num_processes, operation)
     for rank, message in enumerate(errors):
+        if isinstance(message, CheckpointError):
+            raise message.with_traceback(None)
         if message is not None:
             prefix = "" if num_processes == 1 else f"on process {rank}: "
             raise CheckpointError(prefix + message)
@@ -112,6 +119,6 @@ def read_pickle(path: Path, name: str, trust: bool = False, **load_kwargs: Any) 
             f"this checkpoint, pass {TRUST_HINT}."
         ) from None
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is damaged or incomplete: {name} is missing.") from None
+        raise CheckpointCorrupted(f"{path} is damaged or incomplete: {name} is missing.") from None
     except Exception as error:  # noqa: BLE001 - a damaged file: say which
-        raise CheckpointError(f"{name} in {path} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged.") from None
+        raise CheckpointCorrupted(f"{name} in {path} cannot be read ({type(error).__name__}: {error}); the checkpoint is damaged.") from None
