@@ -14,6 +14,12 @@ Printed: seconds and MB/s (median of rounds), save_state / disk-limit and save_s
 Part 2, two real processes through `hasten launch` (tests/scripts/ckpt_train.py):
   preemption: SIGTERM to the launcher -> the launcher's exit (agree, save, leave)
   restart:    launch -> first training step, for a fresh run and for a run resuming from a checkpoint
+
+Part 3, checksum cost (`--checksums` runs only this part): what the manifest's content hashes cost.
+  hash throughput in memory (xxh3_128, zlib.crc32, sha256, blake2b) against the disk's write speed (os.write + fsync),
+  then save_state + load_state of a ~200 MB state (a 16.8M-parameter model + AdamW) with the hashes on and off
+  (hasten.checkpointing.integrity.ENABLED), alternating, median of rounds; loads from the page cache (hot: the
+  worst case for the check, nothing to overlap it with) and, when run as root, after dropping the caches (cold).
 """
 
 from __future__ import annotations
@@ -69,13 +75,88 @@ def disk_write(path: Path, nbytes: int) -> float:
     return took
 
 
-def drop_caches() -> None:
+def drop_caches() -> bool:
     """Make loads read from disk where we may (root); otherwise they read the page cache (noted in the output)."""
     try:
         os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError:
+        return False
+    return True
+
+
+def hash_speeds(nbytes: int = 256 * 2**20) -> dict[str, float]:
+    """MB/s of each candidate hash over `nbytes` in memory (best of 3)."""
+    import hashlib
+    import zlib
+
+    data = os.urandom(nbytes)
+    candidates = {"sha256": lambda: hashlib.sha256(data).digest(), "blake2b": lambda: hashlib.blake2b(data).digest(),
+                  "zlib.crc32": lambda: zlib.crc32(data)}
+    try:
+        import xxhash
+
+        candidates = {"xxh3_128": lambda: xxhash.xxh3_128(data).digest(), **candidates}
+    except ImportError:
         pass
+    speeds = {}
+    for name, run in candidates.items():
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - start)
+        speeds[name] = nbytes / 1e6 / best
+    return speeds
+
+
+def checksum_cost(rounds: int, work: Path) -> None:
+    """Part 3: save_state + load_state of ~200 MB with the content hashes on and off."""
+    from hasten import Accelerator
+    from hasten.checkpointing import integrity
+
+    speeds = hash_speeds()
+    disk_bytes = 256 * 2**20
+    disk = statistics.median(disk_write(work / "disk.bin", disk_bytes) for _ in range(3))
+    print(f"-- checksum cost: hash throughput in memory vs the disk (os.write + fsync {disk_bytes / 1e6 / disk:.0f} MB/s)")
+    for name, speed in speeds.items():
+        print(f"{name:<11} {speed:7.0f} MB/s   {speed * disk / (disk_bytes / 1e6):5.1f}x the disk's write speed")
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(*build(1024, 16))
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) * 3  # weights + AdamW's two moments
+    cold = drop_caches()
+    times: dict[tuple[str, bool], list[float]] = {(kind, on): [] for kind in ("save", "hot", "cold") for on in (True, False)}
+    for round_index in range(rounds):
+        for on in ((True, False) if round_index % 2 else (False, True)):  # alternate who goes first
+            integrity.ENABLED = on
+            ckpt = work / f"sum{round_index}{on}"
+            os.sync()
+            gc.collect()
+            start = time.perf_counter()
+            accelerator.save_state(ckpt)
+            times[("save", on)].append(time.perf_counter() - start)
+            for kind in ("hot", "cold") if cold else ("hot",):
+                if kind == "cold":
+                    drop_caches()
+                gc.collect()
+                start = time.perf_counter()
+                accelerator.load_state(ckpt)
+                times[(kind, on)].append(time.perf_counter() - start)
+            shutil.rmtree(ckpt)
+    integrity.ENABLED = True
+    median = {key: statistics.median(value) for key, value in times.items() if value}
+    print(f"-- save_state + load_state of {size / 1e6:.0f} MB, hashes on / off, median of {rounds} alternating rounds")
+    figures = {}
+    for kind in ("hot", "cold") if cold else ("hot",):
+        on = median[("save", True)] + median[(kind, True)]
+        off = median[("save", False)] + median[(kind, False)]
+        figures[kind] = {"save_on_s": median[("save", True)], "save_off_s": median[("save", False)],
+                         "load_on_s": median[(kind, True)], "load_off_s": median[(kind, False)], "ratio": on / off}
+        print(f"{kind + ' cache':<10} save {median[('save', True)]:.3f} / {median[('save', False)]:.3f} s   "
+              f"load {median[(kind, True)]:.3f} / {median[(kind, False)]:.3f} s   save+load with/without hashes "
+              f"{on / off:.3f}x   (goal <= 1.10x)", flush=True)
+    record("checkpoint", "checksum_cost", algorithm=integrity.ALGORITHM, mb=size / 1e6, rounds=rounds,
+           disk_mb_s=disk_bytes / 1e6 / disk, hash_mb_s=speeds, **figures)
 
 
 def part1(width: int, layers: int, rounds: int, work: Path) -> None:
@@ -198,15 +279,20 @@ def part2(rounds: int, work: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--checksums", action="store_true", help="run only part 3, the checksum cost")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hasten-bench-", dir=os.environ.get("HASTEN_BENCH_DIR")))
     try:
-        if args.quick:
+        if args.checksums:
+            checksum_cost(rounds=4 if args.quick else 10, work=work)
+        elif args.quick:
             part1(width=2048, layers=6, rounds=2, work=work)
             part2(rounds=2, work=work)
+            checksum_cost(rounds=4, work=work)
         else:
             part1(width=4096, layers=6, rounds=6, work=work)
             part2(rounds=3, work=work)
+            checksum_cost(rounds=10, work=work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -461,6 +461,18 @@ def render(records: list[dict], quick: bool) -> str:
                 ["launch → first training step, fresh run", f(restart["fresh_first_step_s"], 2)],
                 ["launch → first resumed step, after the preemption", f(restart["resumed_first_step_s"], 2)],
             ])
+        cost = next((r for r in ckpt if r["name"] == "checksum_cost"), None)
+        if cost:
+            caches = [kind for kind in ("hot", "cold") if kind in cost]
+            lines += [(f"**Checksum cost** ({cost['algorithm']} of every file in the manifest; `--checksums`): "
+                       f"save_state + load_state of {cost['mb']:.0f} MB with / without the hashes, median of "
+                       f"{cost['rounds']}: " + "; ".join(
+                           f"{kind} cache {cost[kind]['ratio']:.2f}x (save {cost[kind]['save_on_s']:.2f} / "
+                           f"{cost[kind]['save_off_s']:.2f} s, load {cost[kind]['load_on_s']:.3f} / "
+                           f"{cost[kind]['load_off_s']:.3f} s)" for kind in caches) + " (goal ≤ 1.10x). Hashes in "
+                       "memory: " + ", ".join(f"{k} {v:.0f} MB/s" for k, v in cost["hash_mb_s"].items()) +
+                       f"; the disk writes {cost['disk_mb_s']:.0f} MB/s with fsync. No peer checksums its checkpoints."),
+                      ""]
 
     # faults
     faults = by(records, "faults")
