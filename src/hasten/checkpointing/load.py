@@ -34,7 +34,7 @@ from .jsonable import decode
 from .model_files import read_weights_file
 from .project import ProjectConfiguration, checkpoints_root, latest_checkpoint, list_checkpoints
 from .saveset import SaveSet
-from .state import SHARDED_FORMAT, agree, all_gather, barrier, indexed_name, model_format
+from .state import SHARDED_FORMAT, agree, all_gather, barrier, indexed_name
 
 __all__ = ["load_checkpoint", "read_checkpoint", "apply_checkpoint", "resolve_load_dir"]
 
@@ -82,7 +82,7 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
     _check_count(manifest, "custom", len(saveset.custom))
     saved_format = manifest["contents"].get("model_format", "safetensors")
     sharded = saved_format.startswith(SHARDED_FORMAT)
-    if sharded and saved_format != model_format(strategy, True):
+    if sharded and saved_format[len(SHARDED_FORMAT):] not in strategy.reads_sharded_from:
         raise CheckpointError(
             f"{path} holds models sharded by {saved_format[len(SHARDED_FORMAT):]}, but this run uses {strategy.name}; "
             f"load it under the same strategy, or turn it into full weights first with `hasten merge-weights`."

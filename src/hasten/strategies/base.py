@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence, cast
 
 import torch
 from torch import nn
@@ -91,6 +91,10 @@ class Strategy:
     writes_own_checkpoint_files: ClassVar[bool] = False
     #: True when saving needs every process (state gathered or sharded); False: the main process holds it all.
     state_needs_every_process: ClassVar[bool] = False
+    #: The sharded checkpoints (by the writing strategy's `name`) `read_checkpoint_files` reads, on any number of
+    #: processes. FSDP's are DCP directories, which torch reads into any sharding or into whole tensors, so every
+    #: strategy but DeepSpeed reads them: an FSDP checkpoint of N processes resumes on M, or on one unsharded.
+    reads_sharded_from: ClassVar[frozenset[str]] = frozenset({"fsdp"})
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy | None = None) -> None:
         self.device = device
@@ -251,9 +255,27 @@ class Strategy:
 
     def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                               optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
-        """Read and check this process's part into new memory; nothing live is changed."""
-        raise NotImplementedError(f"{type(self).__name__} loads full state dicts through the checkpoint layer")
+        """Read and check this process's part into new memory; nothing live is changed.
+
+        Here: FSDP's DCP directories, read into this strategy's own tensors (whole ones without FSDP).
+        """
+        from .fsdp import checkpoint as fsdp_checkpoint
+
+        pairs = [(self._model_stepped_by(models, o), getattr(o, "optimizer", o)) for o in optimizers]
+        return fsdp_checkpoint.read_sharded(directory, list(models), pairs)
 
     def apply_checkpoint_files(self, contents: ShardedState) -> None:
         """Put what `read_checkpoint_files` returned into the live models and optimizers."""
-        raise NotImplementedError(f"{type(self).__name__} loads full state dicts through the checkpoint layer")
+        from .fsdp import checkpoint as fsdp_checkpoint
+
+        fsdp_checkpoint.apply_sharded(cast("fsdp_checkpoint.ShardedContents", contents))
+
+    @staticmethod
+    def _model_stepped_by(models: Sequence[nn.Module], optimizer: torch.optim.Optimizer) -> nn.Module:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        params = {id(p) for group in inner.param_groups for p in group["params"]}
+        for model in models:
+            if any(id(p) in params for p in model.parameters()):
+                return model
+        raise ValueError("an optimizer in the checkpoint steps no prepared model's parameters; prepare the model "
+                         "and build the optimizer on its parameters, as in the run that saved it.")

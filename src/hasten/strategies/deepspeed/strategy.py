@@ -78,6 +78,7 @@ class DeepSpeedStrategy(Strategy):
     requires_joint_setup: ClassVar[bool] = True
     writes_own_checkpoint_files: ClassVar[bool] = True
     state_needs_every_process: ClassVar[bool] = True
+    reads_sharded_from: ClassVar[frozenset[str]] = frozenset({"deepspeed"})
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy, plugin: DeepSpeedPlugin,
                  gradient_state: AccumulationState | None,

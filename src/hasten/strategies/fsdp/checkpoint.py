@@ -160,19 +160,34 @@ class ShardedContents:
     optimizers: list[tuple[nn.Module, Any, dict[str, Any]]] = field(default_factory=list)
 
 
-def read_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Module, Any]]) -> ShardedContents:
-    """Read this process's shards into new memory; the live models and optimizers are not changed."""
+def _dcp_load(target: dict[str, Any], directory: Path) -> None:
+    """DCP's load, resharding into `target`'s layout (any number of processes, or whole tensors in one process)."""
+    import warnings
+
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # one process without a group: "assuming the intent is to load in a single process"
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(target, checkpoint_id=directory, no_dist=not dist.is_initialized())
+
+
+def read_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Module, Any]]) -> ShardedContents:
+    """Read this process's part of the shards into new memory; the live models and optimizers are not changed.
+
+    The saved number of processes need not be this run's: DCP reads each
+    tensor's saved pieces into this run's sharding (or whole tensors).
+    """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     contents = ShardedContents()
     for i, model in enumerate(models):
         target = _fresh_like(get_model_state_dict(model))
-        dcp.load(target, checkpoint_id=root / f"{MODEL_DIR}_{i}")
+        _dcp_load(target, root / f"{MODEL_DIR}_{i}")
         contents.models.append((model, target))
     for i, (model, optimizer) in enumerate(pairs):
         target = _fresh_like(optimizer_state(model, optimizer))
-        dcp.load(target, checkpoint_id=root / f"{OPTIMIZER_DIR}_{i}")
+        _dcp_load(target, root / f"{OPTIMIZER_DIR}_{i}")
         contents.optimizers.append((model, optimizer, target))
     return contents
 
