@@ -96,8 +96,10 @@ def failure_summary(failures: dict[int, Any], world_size: int) -> str:
     if message and not message.startswith(("To enable traceback", "Signal ")):
         reason = f"failed with {message.splitlines()[0]} (traceback above)"
     others = [r for r in failures if r != rank]
+    # stopped by the launcher, lost a peer, or reported the same verdict (a deadlock every process saw)
     stopped = [r for r in others
-               if getattr(failures[r], "exitcode", 0) == -signal.SIGTERM or is_peer_lost(failure_message(failures[r]))]
+               if getattr(failures[r], "exitcode", 0) == -signal.SIGTERM or is_peer_lost(failure_message(failures[r]))
+               or (message and failure_message(failures[r]) == message)]
     tail = ""
     if len(stopped) == len(others) and others:
         tail = "; the other ranks were stopped"

@@ -130,17 +130,7 @@ def board() -> Board | None:
         return None  # several machines, or a group other than the launched one
     os.makedirs(directory, exist_ok=True)
     name = f"restart-{os.environ.get(RESTART_COUNT_VAR, '0')}.words"
-    _board = Board(os.path.join(directory, name), rank, world_size, _group_timeout())
+    from .group import group_timeout
+
+    _board = Board(os.path.join(directory, name), rank, world_size, group_timeout())
     return _board
-
-
-def _group_timeout() -> float:
-    import torch
-    import torch.distributed as dist
-
-    try:
-        return dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()  # type: ignore[union-attr]
-    except Exception:  # noqa: BLE001 - a private attribute: fall back to hasten's default
-        from .group import DEFAULT_TIMEOUT
-
-        return DEFAULT_TIMEOUT.total_seconds()

@@ -8,6 +8,11 @@ in a good share of runs. After a failure the barrier is skipped: the
 healthy ranks are not at a barrier, and waiting for them would hang until
 the group's timeout.
 
+The exit barrier is preceded by a rendezvous of its own in the store
+(`watchdog.leave_together`): a process that leaves publishes it first, so
+it never completes another process's ``wait_for_everyone`` by accident, and
+a process still waiting in a collective for it is told within seconds.
+
 torch is imported when a group is made or left, not with this module: a
 per-rank wrapper imports it for `leave_process_group`, and a script that
 never touches torch.distributed does not pay for the import.
@@ -24,8 +29,8 @@ from types import TracebackType
 from ..topology import ProcessTopology
 from . import watchdog
 
-__all__ = ["DEFAULT_TIMEOUT", "init_process_group", "topology_from_group", "start_watchdog", "shutdown_process_group",
-           "leave_process_group"]
+__all__ = ["DEFAULT_TIMEOUT", "group_timeout", "init_process_group", "topology_from_group", "start_watchdog",
+           "shutdown_process_group", "leave_process_group"]
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -43,7 +48,7 @@ _previous_excepthook = sys.excepthook
 
 
 def shutdown_process_group(success: bool = True) -> None:
-    """Leave the process group cleanly: barrier, then destroy.
+    """Leave the process group cleanly: the exit rendezvous and a barrier, then destroy.
 
     After a failure the barrier is skipped: the healthy ranks are not at a
     barrier, and waiting for them would hang until the group's timeout.
@@ -57,14 +62,18 @@ def shutdown_process_group(success: bool = True) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     if success and not _failed:
+        watchdog.mark_left(f"ended its process group at {watchdog.user_site(sys._getframe(1))}")
         with contextlib.suppress(Exception):
-            dist.barrier()
+            # First a rendezvous of its own (no user's wait_for_everyone can match it, and a process that
+            # waits in a collective meanwhile is reported, see watchdog), then the barrier gloo needs.
+            if watchdog.leave_together(group_timeout()) is not False:
+                dist.barrier()
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     _owned_group = False
 
 
-def leave_process_group(success: bool) -> None:
+def leave_process_group(success: bool, what: str = "left the script") -> None:
     """What a per-rank wrapper calls after the user's code: leave the process group, if torch.distributed was used.
 
     Example:
@@ -72,7 +81,25 @@ def leave_process_group(success: bool) -> None:
     """
     if "torch.distributed" not in sys.modules:
         return  # the user's code never touched torch.distributed
+    if success:  # even if the script destroyed its group itself: a process waiting for this one is told
+        watchdog.mark_left(what)
     shutdown_process_group(success=success)
+
+
+def group_timeout() -> float:
+    """The default process group's timeout in seconds (hasten's default when torch does not say).
+
+    Example:
+        >>> group_timeout()  # no process group here: hasten's default, 30 minutes
+        1800.0
+    """
+    import torch
+    import torch.distributed as dist
+
+    try:
+        return dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a private attribute: fall back to hasten's default
+        return DEFAULT_TIMEOUT.total_seconds()
 
 
 def _shutdown_at_exit() -> None:

@@ -34,6 +34,14 @@ process, whose waits often spin on the CPU — nothing is declared, and the
 process group's timeout applies (`CollectiveTimeout` then says where every
 process was).
 
+A process that *left* — its script returned, or it ended its process
+group (`mark_left`, before the exit rendezvous `leave_together`, which no
+`wait_for_everyone` can ever match) — publishes that at once. A process
+that waits in a collective while another one has left can never continue:
+after the same two seconds the run ends with ``rank 1 (pid 4242 on
+node-a) left the script while rank 0 waits in gather at train.py:40
+(collective #7)``.
+
 `save_state` reads the same publications to learn, without a collective,
 whether the other processes take part in a save (`positions`), and each
 process's training progress, published once a second when it changed
@@ -52,8 +60,9 @@ from typing import Any, Callable
 
 from ..errors import CollectiveDeadlock, CollectiveTimeout
 
-__all__ = ["waiting", "enter", "leave", "start", "running", "positions", "call_site", "user_site", "set_progress",
-           "local_progress", "progress_of", "CollectiveDeadlock", "CollectiveTimeout"]
+__all__ = ["waiting", "enter", "leave", "start", "running", "positions", "published", "call_site", "user_site",
+           "set_progress", "local_progress", "progress_of", "mark_left", "leave_together", "CollectiveDeadlock",
+           "CollectiveTimeout"]
 
 _LOOK_EVERY = 0.25  # seconds between two looks at this process
 _PUBLISH_AFTER = 1.0  # a wait shorter than this is never published
@@ -63,6 +72,8 @@ _VERDICT_AFTER = 2.0  # every process waiting, the same picture of different pla
 _FLAT = 0.05  # a process using under 5% of one core since its wait began is blocked, not computing
 _PROGRESS_EVERY = 1.0  # how often a changed training progress is published (save_state's handshake reads it)
 _KEY = "hasten/watchdog/{}"
+_LEFT_KEY = "hasten/watchdog/left/{}"  # set once a process left; the exit rendezvous waits for every rank's
+_LEFT_POLL = 0.05
 _PROGRESS_KEY = "hasten/watchdog/progress/{}"
 _VERDICT = "hasten/watchdog/verdict"
 
@@ -79,11 +90,24 @@ def _is_timeout(error: BaseException) -> bool:
 _store: Any = None
 _world_size = 0
 _rank = 0
+_seq = 0  # number of this process's publications (readers tell a current one from an old one)
+_published: dict[str, Any] | None = None  # the wait this process last published (the heartbeat shows it too)
+_left: dict[str, Any] | None = None  # set by `mark_left`: this process will make no collective again
 
 
 def running() -> bool:
     """Whether this process's watchdog thread publishes where it waits (so others can read `positions`)."""
     return _store is not None
+
+
+def published() -> dict[str, Any] | None:
+    """The wait this process last published (None: not waiting, or no watchdog).
+
+    Example:
+        >>> published() is None
+        True
+    """
+    return _published
 
 
 def positions() -> list[dict[str, Any] | None]:
@@ -142,6 +166,8 @@ def describe(rank: int, wait: dict[str, Any] | None) -> str:
     """One process's position in words (for reports and error messages)."""
     if wait is None:
         return f"rank {rank} is elsewhere (computing, or waiting where hasten cannot see)"
+    if wait.get("kind") == "left":
+        return f"rank {rank} (pid {wait.get('pid', '?')} on {wait.get('host', '?')}) {wait['op']}"
     number = f" (collective #{wait['n']})" if wait.get("n") is not None else ""
     return f"rank {rank} waits in {wait['op']} at {wait['site']}{number}"
 
@@ -274,6 +300,8 @@ class _Looker:
         self.cpu_since = 0.0
 
     def position(self, now: float) -> dict[str, Any] | None:
+        if _left is not None:
+            return _left
         current = _current
         if current is not None:
             number, operation, frame, since = current
@@ -316,11 +344,64 @@ def _place(wait: dict[str, Any]) -> tuple[Any, ...]:
     return (wait["kind"], wait.get("n"), wait["op"])
 
 
+def mark_left(what: str = "left the script") -> None:
+    """Publish at once that this process will make no collective again (`what` it did, in words); idempotent.
+
+    Called by the per-rank wrapper when the script returned, and by the
+    exit of a process group; a process that waits in a collective while
+    another has left ends the run naming both (see the module doc).
+
+    Example:
+        >>> mark_left()  # no watchdog in this process: nothing to publish
+    """
+    global _left
+    if _left is not None or _store is None:
+        return
+    import socket
+
+    _left = {"kind": "left", "n": None, "op": what, "site": "", "pid": os.getpid(), "host": socket.gethostname()}
+    try:  # written here, not by the watchdog thread: the process may be gone before the thread's next look
+        _publish(_store, _KEY.format(_rank), _left)
+        _store.set(_LEFT_KEY.format(_rank), json.dumps(_left))
+    except Exception:  # noqa: BLE001 - the store may be gone (the run is ending)
+        pass
+
+
+def leave_together(timeout: float) -> bool | None:
+    """The exit rendezvous: mark this process as left, then wait until every process has; None without a watchdog.
+
+    Distinct from every collective (store keys of its own), so a process
+    that leaves can never complete another one's `wait_for_everyone`;
+    while it waits, it is seen as left (see `mark_left`). False when not
+    every process arrived within `timeout` seconds.
+    """
+    if _store is None:
+        return None
+    mark_left()
+    keys = [_LEFT_KEY.format(r) for r in range(_world_size)]
+    deadline = time.monotonic() + timeout
+    try:
+        while not _store.check(keys):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_LEFT_POLL)
+    except Exception:  # noqa: BLE001 - the store is gone: the others cannot be waited for
+        return False
+    return True
+
+
+def _publish(store: Any, key: str, wait: dict[str, Any] | None) -> None:
+    global _seq, _published
+    _seq += 1
+    store.set(key, json.dumps({"seq": _seq, "wait": wait}))
+    _published = wait
+
+
 def _watch(store: Any, rank: int, world_size: int) -> None:
     looker = _Looker()
     key = _KEY.format(rank)
     published: dict[str, Any] | None = None
-    seq, last_publish, last_read, last_progress, progress_seq = 0, 0.0, 0.0, 0.0, 0
+    last_publish, last_read, last_progress, progress_seq = 0.0, 0.0, 0.0, 0
     progress: list[int] | None = None
     suspect: tuple[float, list[tuple[Any, ...]]] | None = None  # (since, places) of a possible deadlock
     while True:
@@ -336,8 +417,7 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
                     store.set(_PROGRESS_KEY.format(rank), json.dumps({"seq": progress_seq, "counts": current}))
                     progress = current
             if wait != published or (wait is not None and now - last_publish >= _HEARTBEAT):
-                seq += 1
-                store.set(key, json.dumps({"seq": seq, "wait": wait}))
+                _publish(store, key, wait)
                 published, last_publish = wait, now
             if wait is None:
                 suspect = None
@@ -356,7 +436,9 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
             continue
         waits: list[dict[str, Any]] = [o for o in others if o is not None]  # all of them: none is None here
         places = [_place(o) for o in waits]
-        if len(set(places)) < 2:
+        if all(o["kind"] == "left" for o in waits):  # every process is leaving: the end of a run
+            suspect = None
+        elif len(set(places)) < 2:
             suspect = None
         elif suspect is None or suspect[1] != places:
             suspect = (now, places)
@@ -365,6 +447,11 @@ def _watch(store: Any, rank: int, world_size: int) -> None:
 
 
 def _summary(where: list[dict[str, Any]]) -> str:
+    gone = [r for r, w in enumerate(where) if w["kind"] == "left"]
+    if gone:  # some left, the others wait in a collective they can never complete
+        stay = [describe(r, w) for r, w in enumerate(where) if r not in gone]
+        return (" and ".join(describe(r, where[r]) for r in gone) + " while " + " and ".join(stay)
+                + f", which {'it' if len(gone) == 1 else 'they'} will never join")
     parts = [describe(r, w)[len(f"rank {r} "):] for r, w in enumerate(where)]
     return ("the processes wait in different collectives, so none can continue: "
             + " while ".join(f"rank {r} {part}" for r, part in enumerate(parts)))
@@ -385,8 +472,11 @@ def _report(rank: int, summary: str, store: Any) -> None:
             continue  # this watchdog
         entries = [e for e in traceback.extract_stack(frame) if not is_hidden(e.filename)]
         stacks.append("".join(traceback.format_list(entries)))
-    sys.stderr.write(f"[hasten] rank {rank} is stuck here:\n" + "\n".join(stacks))  # one write: no interleaving
-    sys.stderr.flush()
-    time.sleep(_READ_EVERY + 2 * _LOOK_EVERY)  # every process prints its stacks before the first exit stops the others
+    if _left is None:  # a process that left is not stuck: its stack (the exit) tells nothing
+        sys.stderr.write(f"[hasten] rank {rank} is stuck here:\n" + "\n".join(stacks))  # one write: no interleaving
+        sys.stderr.flush()
+    # Every process prints its stacks before the first exit stops the others; one that left reports last, so the
+    # launcher names a waiting one first.
+    time.sleep(_READ_EVERY + 2 * _LOOK_EVERY + (1.0 if _left is not None else 0.0))
     record_failure(CollectiveDeadlock(summary))
     exit_now(1)
