@@ -72,7 +72,9 @@ def failure_errno(error: BaseException, directory: Path, file: Path | None) -> i
     for code in _REASONS:
         if os.strerror(code) in text:
             return code
-    try:  # the writer dropped the errno: look at the disk as the write left it
+    if not isinstance(error, (OSError, RuntimeError)):  # e.g. a TypeError while pickling: not the disk's doing
+        return None
+    try:  # the writer dropped the errno (torch's C++ stream raises a RuntimeError): look at the disk as the write left it
         disk = os.statvfs(directory if directory.exists() else directory.parent)
         if (disk.f_bfree if os.geteuid() == 0 else disk.f_bavail) == 0:
             return errno.ENOSPC
