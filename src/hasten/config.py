@@ -39,6 +39,9 @@ __all__ = [
 CONFIG_ENV_VAR = "HASTEN_CONFIG_FILE"
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 MIXED_PRECISIONS = MIXED_PRECISION_CHOICES  # spelled once, in launch_spec
+# A process silent this long is frozen (hasten.launch.liveness): the run ends within a minute of the freeze.
+DEFAULT_LIVENESS_TIMEOUT = 45.0
+MIN_LIVENESS_TIMEOUT = 3.0  # a heartbeat comes every second: a shorter limit would mistake a late one for a freeze
 
 
 def option(default: Any, help: str, choices: tuple[Any, ...] | None = None, question: str | None = None,
@@ -145,6 +148,8 @@ class LaunchConfig:
                          question="Should distributed operations be checked while running for errors (debug mode)?")
     max_restarts: int = option(0, "restart the whole group this many times after a failure (elastic)")
     monitor_interval: float = option(0.1, "seconds between health checks of the processes (elastic)")
+    liveness_timeout: float = option(DEFAULT_LIVENESS_TIMEOUT, "seconds a process may show no sign of life "
+                                     "(stopped, hung in the kernel) before the run ends naming it; 0: never")
     mpirun: bool = option(False, "start the processes with Open MPI's mpirun instead of torchrun (multi-CPU)",
                           question="Start the processes with mpirun (Open MPI) instead of torchrun?")
     mpirun_hostfile: str | None = option(None, "hostfile for mpirun",
@@ -200,6 +205,9 @@ class LaunchConfig:
             raise ConfigError("mpirun starts plain multi-CPU runs only; drop mpirun or DeepSpeed/FSDP.")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be 0 or more, got {self.max_restarts}.")
+        if self.liveness_timeout != 0 and not self.liveness_timeout >= MIN_LIVENESS_TIMEOUT:
+            raise ConfigError(f"liveness_timeout must be 0 (never) or at least {MIN_LIVENESS_TIMEOUT:g} seconds, "
+                              f"got {self.liveness_timeout:g}.")
         self.deepspeed, self.fsdp  # noqa: B018 - validates the nested sections
         return self
 

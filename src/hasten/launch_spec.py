@@ -15,6 +15,9 @@ launcher and worker can only disagree in one file:
                             batch: a failed attempt got somewhere (`PROGRESS_FILE_ENV`)
 ``HASTEN_PREEMPTION_RECORD`` where the main process writes what a preemption saved
                             (`PREEMPTION_RECORD_ENV`)
+``HASTEN_HEARTBEAT_DIR``    where each process's heartbeat file goes, renewed every second
+                            by a thread, so the launcher tells a frozen process from a
+                            busy one (`HEARTBEAT_DIR_ENV`; `hasten.process.heartbeat`)
 ``ACCELERATE_*``, ...       the peer's variables, derived from the spec (`LaunchSpec.peer_env`)
 ==========================  ============================================================
 
@@ -32,13 +35,14 @@ from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
 __all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
-           "RESTART_COUNT_VAR", "MAX_RESTARTS_VAR", "EXIT_PREEMPTED", "EXIT_FAILED", "EXIT_INTERRUPTED",
+           "HEARTBEAT_DIR_ENV", "RESTART_COUNT_VAR", "MAX_RESTARTS_VAR", "EXIT_PREEMPTED", "EXIT_FAILED", "EXIT_INTERRUPTED",
            "MIXED_PRECISION_CHOICES", "fp8_problem"]
 
 SPEC_ENV_VAR = "HASTEN_LAUNCH_SPEC"
 BOARD_DIR_ENV = "HASTEN_BOARD_DIR"
 PROGRESS_FILE_ENV = "HASTEN_PROGRESS_FILE"
 PREEMPTION_RECORD_ENV = "HASTEN_PREEMPTION_RECORD"
+HEARTBEAT_DIR_ENV = "HASTEN_HEARTBEAT_DIR"
 RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torch's elastic agent for the attempt it started
 MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
 

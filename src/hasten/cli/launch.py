@@ -38,7 +38,7 @@ _GROUPS = {
     "hardware": ("num_processes", "gpu_ids", "use_cpu", "mixed_precision", "debug"),
     "several machines": ("num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
                          "same_network", "network_interface"),
-    "elastic": ("max_restarts", "monitor_interval"),
+    "elastic": ("max_restarts", "monitor_interval", "liveness_timeout"),
     "MPI (multi-CPU)": ("mpirun", "mpirun_hostfile"),
     "DeepSpeed / FSDP": ("use_deepspeed", "use_fsdp"),
 }
@@ -171,6 +171,7 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
         rdzv_backend=config.rdzv_backend,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
+        liveness_timeout=config.liveness_timeout,
         mpirun=config.mpirun,
         mpirun_hostfile=config.mpirun_hostfile,
         gpu_ids=config.gpu_ids,

@@ -285,6 +285,9 @@ def _launch(plan: LaunchPlan) -> None:
         from torch.distributed.elastic.multiprocessing.api import SignalException
 
         raise SignalException(f"Process {os.getpid()} got signal: {outcome.signum}", sigval=signal.Signals(outcome.signum))
+    if outcome.unresponsive is not None:  # a frozen process: the launcher's verdict names it
+        raise WorkerFailedError(outcome.unresponsive, rank=outcome.frozen[0] if outcome.frozen else -1,
+                                failures=outcome.reported)
     if outcome.failures:
         raise _worker_failed(outcome.failures, outcome.reported, plan.num_processes)
 

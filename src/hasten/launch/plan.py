@@ -18,9 +18,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..config import ConfigError, check_layout
+from ..config import DEFAULT_LIVENESS_TIMEOUT, ConfigError, check_layout
 from ..errors import LaunchError
-from ..launch_spec import LaunchSpec
+from ..launch_spec import HEARTBEAT_DIR_ENV, LaunchSpec
 from .network import interface_for_address, is_loopback
 
 __all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "available_cpus"]
@@ -78,6 +78,7 @@ class LaunchPlan:
     rdzv_backend: str = "static"
     max_restarts: int = 0
     monitor_interval: float = 0.1
+    liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT  # seconds without a sign of life: frozen (launch/liveness.py)
     mpirun: bool = False
     mpirun_hostfile: str | None = None
     gpu_ids: str = "all"
@@ -180,7 +181,8 @@ class LaunchPlan:
             argv += ["--hostfile", self.mpirun_hostfile]
         elif self.num_processes > cpus:
             argv.append("--oversubscribe")
-        for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env()):
+        heartbeats = (HEARTBEAT_DIR_ENV,) if HEARTBEAT_DIR_ENV in os.environ else ()  # set by the launch itself
+        for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env(), *heartbeats):
             argv += ["-x", name]
         return argv + [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
 

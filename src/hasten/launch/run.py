@@ -27,9 +27,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..checkpointing.preemption import read_preemption_record
-from ..launch_spec import BOARD_DIR_ENV, EXIT_PREEMPTED, PREEMPTION_RECORD_ENV, PROGRESS_FILE_ENV
+from ..launch_spec import BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, HEARTBEAT_DIR_ENV, PREEMPTION_RECORD_ENV, PROGRESS_FILE_ENV
 from .failures import all_failures, failure_summary
 from .leftovers import empty, owned_directory, shared_directory
+from .liveness import Monitor
 from .plan import LaunchPlan
 from .worker import AGENT_SIGNALS
 
@@ -68,6 +69,12 @@ class Outcome:
     preempted: str | None = None  # the line for a run that saved a preemption checkpoint
     signum: int | None = None  # the signal that ended the run (the agent stopped every process)
     restarts_declined: bool = False  # restarts were left, but the attempt failed before its first training batch
+    unresponsive: str | None = None  # a process froze: the line naming it (`hasten.launch.liveness`)
+    frozen: tuple[int, ...] = ()  # ... and the ranks that froze
+
+    def summary(self, world_size: int) -> str:
+        """The line that says why the run failed: the frozen process, else the root cause among the failures."""
+        return self.unresponsive or failure_summary(self.failures, world_size).removeprefix("hasten launch: ")
 
 
 def execute(plan: LaunchPlan) -> int:
@@ -82,8 +89,8 @@ def execute(plan: LaunchPlan) -> int:
     outcome = launch(plan)
     if outcome.preempted is not None:
         sys.stderr.write(f"hasten launch: {outcome.preempted}.\n")
-    elif outcome.failures:
-        sys.stderr.write(failure_summary(outcome.failures, plan.num_processes) + "\n")
+    elif outcome.failures or outcome.unresponsive:
+        sys.stderr.write(f"hasten launch: {outcome.summary(plan.num_processes)}\n")
         if outcome.restarts_declined:
             sys.stderr.write("hasten launch: not restarting: this attempt failed before its first training batch "
                              "was done, so a restart would fail the same way.\n")
@@ -96,7 +103,8 @@ def execute(plan: LaunchPlan) -> int:
 def launch(plan: LaunchPlan) -> Outcome:
     """Carry out `plan` (see the module doc); this process's environment, signal handlers and log levels are put back."""
     with _patched_environ(plan.worker_env()), _restored_signal_handlers():
-        os.environ.pop(BOARD_DIR_ENV, None)  # a launch inside a launched process gets its own board or none
+        for inherited in (BOARD_DIR_ENV, HEARTBEAT_DIR_ENV):  # a launch inside a launched process: its own or none
+            os.environ.pop(inherited, None)
         run_dir = owned_directory("launch")
         record = os.environ[PREEMPTION_RECORD_ENV] = os.path.join(run_dir, "preempted.json")
         try:
@@ -105,7 +113,11 @@ def launch(plan: LaunchPlan) -> Outcome:
 
                 return _preempted_or(worker_main(plan.worker_argv(), exit_when_done=False), record)
             if plan.mode == "mpirun":
-                return _preempted_or(run_forwarding_signals(plan.command()), record)
+                with _watched(plan, run_dir, "mpirun") as monitor:
+                    code = run_forwarding_signals(plan.command())
+                if monitor.verdict is not None and code != 0:
+                    return Outcome(code=EXIT_FAILED, unresponsive=monitor.verdict, frozen=monitor.frozen)
+                return _preempted_or(code, record)
             if plan.num_machines > 1:
                 return _run_elastic(plan, run_dir, record, board_dir=None)
             with shared_directory() as board_dir:
@@ -149,24 +161,37 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
             log_dir = tempfile.mkdtemp(prefix="attempt-", dir=run_dir)
             config, entrypoint, args = _elastic_config(plan, log_dir)
             try:
-                elastic_launch(config, entrypoint)(*args)
+                with _watched(plan, run_dir, f"attempt-{attempt}") as monitor:
+                    elastic_launch(config, entrypoint)(*args)
             except ChildFailedError as failed:
                 # The agent reports only the failures it saw first; the error files of the attempt hold them all.
                 reported = dict(failed.failures)
                 first_rank = next((r - f.local_rank for r, f in reported.items()), plan.machine_rank * plan.processes_per_machine)
                 failures = all_failures(reported, log_dir, first_rank)
-                code = _exit_code(failures)
+                code = EXIT_FAILED if monitor.verdict is not None else _exit_code(failures)
+                outcome = Outcome(code, failures=failures, reported=reported, unresponsive=monitor.verdict,
+                                  frozen=monitor.frozen)
                 if read_preemption_record(record) is None and restarts_left > 0 and os.path.exists(progress):
                     restarts_left -= 1
-                    sys.stderr.write(failure_summary(failures, plan.num_processes) + "\n")
+                    sys.stderr.write(f"hasten launch: {outcome.summary(plan.num_processes)}\n")
                     sys.stderr.write(f"hasten launch: restarting every process (attempt {attempt + 1}, "
                                      f"{restarts_left} restart(s) left after it).\n")
                     continue
-                return _preempted_or(code, record, failures=failures, reported=reported,
-                                     restarts_declined=restarts_left > 0)
+                return _preempted_or(outcome.code, record, failures=failures, reported=reported,
+                                     restarts_declined=restarts_left > 0, unresponsive=monitor.verdict,
+                                     frozen=monitor.frozen)
             except SignalException as stopped:  # kept as a number: the exception holds the agent's frames
                 return _preempted_or(128 + int(stopped.sigval), record, signum=int(stopped.sigval))
             return Outcome()
+
+
+@contextlib.contextmanager
+def _watched(plan: LaunchPlan, run_dir: str, name: str) -> Iterator[Monitor]:
+    """Give the workers a heartbeat directory (a fresh one per attempt) and watch it while the block runs."""
+    directory = os.environ[HEARTBEAT_DIR_ENV] = os.path.join(run_dir, f"heartbeats-{name}")
+    os.makedirs(directory, exist_ok=True)
+    with Monitor(directory, plan.liveness_timeout, plan.num_processes) as monitor:
+        yield monitor
 
 
 def _elastic_config(plan: LaunchPlan, log_dir: str) -> tuple[Any, Any, tuple[Any, ...]]:

@@ -8,7 +8,9 @@ does, each rank
 - reports a crash with its rank in the terminal and in torchelastic's
   error file (the launcher then names the failed rank), and
 - leaves the process group cleanly on success (barrier + destroy), which
-  gloo needs to avoid SIGABRT at interpreter exit.
+  gloo needs to avoid SIGABRT at interpreter exit, and
+- renews a heartbeat file from a thread of its own, so the launcher tells
+  a frozen rank from a busy one (`hasten.process.heartbeat`).
 
 The means (`hasten.process`) are shared with every launched process; this
 module only decides when to use them.
@@ -26,6 +28,7 @@ from typing import Any, Callable
 
 from ..launch_spec import EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
 from ..process.exit import exit_cleanly, exit_now, hide_frames_of, rank_label, record_failure
+from ..process import heartbeat
 from ..process.group import leave_process_group
 from ..process.lifetime import die_with_launcher
 
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
     """Run the target on this rank; with `exit_when_done` a finished rank ends through `exit_cleanly`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     die_with_launcher()
+    heartbeat.start()  # from the first moment: a process may freeze before the script creates anything
     module = bool(argv) and argv[0] == "--module"
     if module:
         argv = argv[1:]
@@ -107,6 +111,7 @@ def run_function(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
     gc.freeze()
     _reset_inherited_signals()
     die_with_launcher()
+    heartbeat.start()
     _apply_thread_count()
     export_peer_environment()
     try:
@@ -121,7 +126,7 @@ def run_function(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         # exception being handled (record_failure drops this wrapper's frames from its top).
         record_failure(error)
         exit_now(EXIT_FAILED)
-    leave_process_group(success=True)
+    leave_process_group(success=True, what="returned from the launched function")
     return None  # the agent pickles the return value; None always pickles
 
 
