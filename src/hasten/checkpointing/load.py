@@ -172,6 +172,13 @@ def _read_files(saveset: SaveSet, contents: CheckpointContents, models: list[Any
     grads_name = f"{GRADIENTS_NAME}_{saveset.process.rank}.safetensors"
     if grads_name in manifest["files"]:
         contents.gradients = read_weights_file(path / grads_name)
+        saved_world = manifest.get("num_processes", saveset.process.world)
+        if saved_world != saveset.process.world and any(bool(g.any()) for g in contents.gradients.values()):
+            # a partial sum over those processes' share of the cycle: no sharing of it sums to this run's gradients
+            raise CheckpointError(
+                f"{path} was saved by {saved_world} processes in the middle of a gradient accumulation cycle, whose "
+                f"partial gradients belong to those processes; resume it on {saved_world} processes, or from a "
+                "checkpoint saved right after an optimizer step.")
         for i, model in enumerate(models):
             shapes = {f"{i}.{k}": v for k, v in strategy.model_state_dict_shapes(model).items()}
             for key, grad in contents.gradients.items():
