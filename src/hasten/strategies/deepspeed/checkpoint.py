@@ -8,6 +8,13 @@ DeepSpeed object, unlike DeepSpeed's own checkpoint files. Loading goes
 through the ZeRO optimizer's `load_state_dict`, so the 16-bit (or fp32)
 model weights are refreshed from the restored master partition exactly as
 DeepSpeed does.
+
+Each shard also records its *layout*: which elements of which parameter
+sit where in its partitions (DeepSpeed's own bookkeeping, read off the
+engine). A run with another number of processes reads every saved shard,
+puts each parameter's master weights and optimizer state back together
+by name, and cuts them along its own engine's layout (`reshard`) — what
+DeepSpeed's universal checkpoint does offline, done at load time.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["save_shard", "read_shard", "apply_shard"]
+__all__ = ["save_shard", "read_shard", "check_shard", "reshard", "apply_shard"]
 
 FORMAT_VERSION = 1
 _COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
@@ -54,6 +61,40 @@ def _base_optimizer_state(optimizer: Any, stage: int) -> dict[str, Any]:
     return optimizer.state_dict()
 
 
+# A fragment: (parameter name, start in the partition, element count, start in the flattened parameter).
+Fragment = tuple[str, int, int, int]
+
+
+def _layout(engine: Any, stage: int) -> dict[str, Any]:
+    """Where every parameter's elements sit in this process's fp32 partitions, from DeepSpeed's own bookkeeping."""
+    optimizer = engine.optimizer
+    names = {id(p): name for name, p in engine.module.named_parameters()}
+    partitions: list[list[Fragment]] = []
+    numel: dict[str, int] = {}
+    if stage in (1, 2):  # one flat buffer per group; each parameter maps to at most one piece of this partition
+        for group in optimizer.bit16_groups:
+            fragments = []
+            for param in group:
+                numel[names[id(param)]] = param.numel()
+                mapping = getattr(param, "_hp_mapping", None)
+                if mapping is not None:
+                    hp, lp = mapping.hp_fragment_address, mapping.lp_fragment_address
+                    fragments.append((names[id(param)], int(hp.start), int(hp.numel), int(lp.start)))
+            partitions.append(fragments)
+    elif stage == 3:  # every parameter cut in equal pieces; this process's piece at its place in the sub-group
+        for group in optimizer.fp16_groups:
+            fragments = []
+            for param in group:
+                name, whole = names[id(param)], int(param.ds_numel)
+                numel[name] = whole
+                _, offset, size = optimizer.grad_position[optimizer.get_param_id(param)]
+                first = optimizer._get_param_partition_rank(param) * size
+                if first < whole:
+                    fragments.append((name, int(offset), min(size, whole - first), first))
+            partitions.append(fragments)
+    return {"partitions": partitions, "numel": numel}
+
+
 def _loss_scaler_numbers(optimizer: Any) -> dict[str, Any]:
     scaler = getattr(optimizer, "loss_scaler", None)
     if scaler is None:
@@ -79,12 +120,14 @@ def save_shard(engine: Any, path: Path, write_extras: bool) -> None:
         "counters": {name: int(getattr(engine, name, 0) or 0) for name in _COUNTERS},
         "module": {k: v.detach().clone() for k, v in engine.module.state_dict().items()} if stage == 0 else None,
         "extras": {k: v.detach().clone() for k, v in engine.module.named_buffers()} if write_extras else None,
+        "layout": _layout(engine, stage),
     }
     torch.save(payload, path)
 
 
-def read_shard(path: Path, engine: Any, world_size: int, rank: int, check_partitions: bool = True) -> dict[str, Any]:
-    """Read and check one shard into new memory; raises `ValueError` naming what does not fit."""
+def read_shard(path: Path, engine: Any, world_size: int | None = None, check_partitions: bool = True) -> dict[str, Any]:
+    """Read and check one shard into new memory (of `world_size` processes, when given); raises `ValueError`
+    naming what does not fit."""
     try:
         shard = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -96,11 +139,18 @@ def read_shard(path: Path, engine: Any, world_size: int, rank: int, check_partit
     if shard["zero_stage"] != stage:
         raise ValueError(f"{path.name} was saved under ZeRO stage {shard['zero_stage']} but this run uses stage {stage}; "
                          "load it with the same zero_stage.")
-    if shard["world_size"] != world_size:
+    if world_size is not None and shard["world_size"] != world_size:
         raise ValueError(f"{path.name} was saved by {shard['world_size']} processes but this run has {world_size}; "
                          "resume with the same number of processes.")
-    if not check_partitions:
-        return shard
+    if check_partitions:
+        check_shard(path.name, shard, engine)
+    return shard
+
+
+def check_shard(name: str, shard: dict[str, Any], engine: Any) -> None:
+    """Check that a shard (read, or rebuilt by `reshard`) fits this process's partitions of `engine`."""
+    stage = _stage(engine)
+    path = Path(name)
     live = _fp32_partitions(engine.optimizer, stage)
     saved = shard["fp32"]
     if len(saved) != len(live) or any(a.shape != b.shape for a, b in zip(saved, live)):
@@ -114,7 +164,71 @@ def read_shard(path: Path, engine: Any, world_size: int, rank: int, check_partit
         module_keys = set(engine.module.state_dict())
         if set(shard["module"] or {}) != module_keys:
             raise ValueError(f"{path.name} does not fit the model: its parameter names differ from the model's.")
-    return shard
+
+
+def _whole(shards: list[dict[str, Any]], numel: dict[str, int], flat_of: Any) -> dict[str, torch.Tensor]:
+    """Each parameter's flattened tensor put together from every shard's fragments (`flat_of(shard, k)`: partition k)."""
+    whole: dict[str, torch.Tensor] = {}
+    filled = dict.fromkeys(numel, 0)
+    for shard in shards:
+        for k, fragments in enumerate(shard["layout"]["partitions"]):
+            flat = flat_of(shard, k)
+            for name, start, count, first in fragments:
+                if name not in whole:
+                    whole[name] = torch.zeros(numel[name], dtype=flat.dtype)
+                whole[name][first:first + count] = flat[start:start + count]
+                filled[name] += count
+    missing = [name for name, n in numel.items() if filled[name] != n]
+    if missing:
+        raise ValueError(f"the saved shards do not hold all of {missing[:3]}; the checkpoint is incomplete.")
+    return whole
+
+
+def _cut(whole: dict[str, torch.Tensor], fragments: list[Fragment], like: torch.Tensor) -> torch.Tensor:
+    flat = torch.zeros(like.numel(), dtype=like.dtype)  # padding stays zero, as DeepSpeed's
+    for name, start, count, first in fragments:
+        flat[start:start + count] = whole[name][first:first + count]
+    return flat
+
+
+def reshard(shards: list[dict[str, Any]], engine: Any) -> dict[str, Any]:
+    """This process's shard for `engine`'s partitioning, built from the shards every saving process wrote.
+
+    Master weights and the optimizer's per-element state (Adam's moments)
+    are put together per parameter by name and cut along this engine's
+    layout; per-partition numbers (Adam's step), hyperparameters, counters and
+    the loss scale are the saving process 0's. Raises `ValueError` naming what does not fit.
+    """
+    first = shards[0]
+    stage = _stage(engine)
+    if stage == 0:  # nothing partitioned: process 0's shard holds the whole model and optimizer
+        return first
+    if any(shard.get("layout") is None for shard in shards):
+        raise ValueError(f"the checkpoint was saved by {first['world_size']} processes without the parameter layout "
+                         "that re-partitioning needs (an older hasten); resume it on that many processes.")
+    layout, numel = _layout(engine, stage), first["layout"]["numel"]
+    if numel != layout["numel"]:
+        differ = sorted(set(numel).symmetric_difference(layout["numel"])) or \
+            sorted(n for n in numel if numel[n] != layout["numel"][n])
+        raise ValueError(f"the checkpoint does not fit the model: parameters {differ[:3]} differ in name or size.")
+    live = _fp32_partitions(engine.optimizer, stage)
+    if len(live) != len(first["fp32"]):
+        raise ValueError(f"the checkpoint holds {len(first['fp32'])} parameter partitions but this engine has "
+                         f"{len(live)}; use the same parameter groups (and sub_group_size).")
+    fp32 = _whole(shards, numel, lambda shard, k: shard["fp32"][k])
+    saved_state = first["base_optimizer"].get("state", {})
+    state: dict[int, dict[str, Any]] = {}
+    for k, values in saved_state.items():
+        state[k] = {}
+        for key, value in values.items():
+            partitioned = isinstance(value, torch.Tensor) and value.numel() == first["fp32"][k].numel() and value.dim() == 1
+            if partitioned:
+                pieces = _whole(shards, numel, lambda shard, j, key=key: shard["base_optimizer"]["state"][j][key])
+                state[k][key] = _cut(pieces, layout["partitions"][k], live[k])
+            else:
+                state[k][key] = value
+    return {**first, "fp32": [_cut(fp32, fragments, live[k]) for k, fragments in enumerate(layout["partitions"])],
+            "base_optimizer": {**first["base_optimizer"], "state": state}, "layout": layout}
 
 
 def apply_shard(engine: Any, shard: dict[str, Any], extras: dict[str, torch.Tensor] | None) -> None:
@@ -139,6 +253,11 @@ def apply_shard(engine: Any, shard: dict[str, Any], extras: dict[str, torch.Tens
         optimizer.load_state_dict(states, load_optimizer_states=True, load_from_fp32_weights=True)
         if stage in (1, 2):
             optimizer.update_lp_params()  # the model's weights from the restored master partitions
+            if optimizer.optimizer.state and hasattr(optimizer, "_lazy_init_hp_params_optimizer_state"):
+                # DeepSpeed links each parameter to views of the optimizer state at its first step; the loaded state
+                # is new tensors, so link again (else safe_get_full_optimizer_state reads stale or no state).
+                optimizer._hp_optimizer_states_linked = False
+                optimizer._lazy_init_hp_params_optimizer_state()
     for name, value in shard["counters"].items():
         if hasattr(engine, name):
             setattr(engine, name, value)

@@ -12,7 +12,9 @@ How the Accelerator's loop maps onto the engine (as the peer library does it):
 
 Checkpoints are sharded: every process writes its own fp32 master partition
 and optimizer state (tensors and plain values only, read back with
-``weights_only=True``), never DeepSpeed's pickled checkpoint files.
+``weights_only=True``), never DeepSpeed's pickled checkpoint files. A run
+with another number of processes re-partitions them as it loads
+(`checkpoint.reshard`).
 """
 
 from __future__ import annotations
@@ -298,14 +300,21 @@ class DeepSpeedStrategy(Strategy):
 
     def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                               optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
-        from .checkpoint import read_shard
+        from .checkpoint import check_shard, read_shard, reshard
 
         contents = []
         for index, model in enumerate(models):
-            mine = read_shard(directory / _shard_name(index, self._rank()), self.engine, self.world_size, self._rank())
-            extras = mine["extras"] if self._rank() == 0 else read_shard(
-                directory / _shard_name(index, 0), self.engine, self.world_size, 0, check_partitions=False)["extras"]
-            contents.append((model, mine, extras))
+            first = read_shard(directory / _shard_name(index, 0), self.engine, check_partitions=False)
+            saved_world, rank = int(first["world_size"]), self._rank()
+            if saved_world == self.world_size:
+                mine = first if rank == 0 else read_shard(directory / _shard_name(index, rank), self.engine, saved_world,
+                                                          check_partitions=False)
+            else:  # another number of processes: every saved shard, put together and cut along this run's partitions
+                others = [read_shard(directory / _shard_name(index, r), self.engine, saved_world, check_partitions=False)
+                          for r in range(1, saved_world)]
+                mine = reshard([first, *others], self.engine)
+            check_shard(_shard_name(index, rank), mine, self.engine)
+            contents.append((model, mine, first["extras"]))
         return contents
 
     def apply_checkpoint_files(self, contents: ShardedState) -> None:
