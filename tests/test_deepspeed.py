@@ -191,6 +191,19 @@ def test_from_launch_config():
     assert plugin.get_value("gradient_clipping") == 0.5
 
 
+def test_shards_without_a_layout_resume_only_on_their_own_count():
+    from hasten.strategies.deepspeed.checkpoint import reshard
+
+    class Engine:  # what reshard asks of the engine before it needs a layout
+        def zero_optimization_stage(self):
+            return 2
+
+    older = {"format": 1, "zero_stage": 2, "world_size": 2, "fp32": [torch.zeros(4)], "base_optimizer": {}}
+    with pytest.raises(ValueError, match=r"^the checkpoint was saved by 2 processes without the parameter layout that "
+                                         r"re-partitioning needs \(an older hasten\); resume it on that many processes\.$"):
+        reshard([older, {**older, "rank": 1}], Engine())
+
+
 def test_fp16_on_cpu_is_one_clear_error():
     with pytest.raises(ValueError, match="fp16 on CPUs"):
         Accelerator(cpu=True, mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
