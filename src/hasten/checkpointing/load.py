@@ -280,8 +280,8 @@ def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
         return None
     if damaged and saveset.process.is_main:
         for bad, why in damaged:
-            _logger.warning("hasten: %s is damaged and was passed over (%s); loading the previous complete checkpoint "
-                            "%s instead (ProjectConfiguration(fallback_on_damage=True)).", bad, why, path)
+            _logger.warning("hasten: %s is damaged, so load_state() loads the previous complete checkpoint %s "
+                            "instead (fallback_on_damage=True); what was found: %s", bad, path, why)
     if on_missing_rng is not None and saveset.process.is_main:
         for note in contents.manifest.get("notes", []):
             on_missing_rng(note)
