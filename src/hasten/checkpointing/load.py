@@ -103,7 +103,7 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
     check_files(path, manifest, names + own)
     if sharded:  # every file any process wrote must be whole before any process reads its part (a collective)
         check_files(path, manifest, list(manifest["files"]))
-        check_hashes(path, manifest, start_checking(path, manifest, list(manifest["files"])))
+        _check_shards(saveset, path, manifest)
         hashes = None
     else:  # hashed on a helper thread while this one deserializes the same (cached) bytes
         hashes = start_checking(path, manifest, names + own)
@@ -119,6 +119,21 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
         if hashes is not None:
             hashes.close()
     return contents
+
+
+def _check_shards(saveset: SaveSet, path: Path, manifest: dict[str, Any]) -> None:
+    """Each process hashes its share of every process's shard files (1/N of the checkpoint, not all of it), and all
+    learn the verdict before the engine's collective read, so a damaged shard stops every process alike."""
+    rank, n = saveset.process.rank, saveset.process.world
+    share = [name for i, name in enumerate(sorted(manifest["files"])) if i % n == rank]
+    failure = None
+    try:
+        check_hashes(path, manifest, start_checking(path, manifest, share))
+    except CheckpointCorrupted as damaged:
+        failure = damaged
+    found = next((verdict for verdict in all_gather(failure, n, _OP) if verdict is not None), None)
+    if found is not None:
+        raise found.with_traceback(None)
 
 
 def _damage_first(path: Path, manifest: dict[str, Any], hashes: Hashes | None) -> None:
