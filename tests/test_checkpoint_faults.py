@@ -47,9 +47,10 @@ def test_a_flipped_bit_is_refused_and_fallback_loads_the_previous_checkpoint(tmp
 
 
 @pytest.mark.multiprocess
-def test_a_flipped_bit_in_an_fsdp_shard_of_another_rank_is_refused_by_every_rank(tmp_path):
-    shard = "pytorch_model_fsdp_0/__1_0.distcp"  # written by rank 1, listed in the manifest with its hash
-    root, results = _run(tmp_path, "bitflip", shard, 2, engine="fsdp")
+@pytest.mark.parametrize("engine, shard", [("fsdp", "pytorch_model_fsdp_0/__1_0.distcp"),  # DCP's file of rank 1
+                                           ("deepspeed", "deepspeed/model_0_rank_1.pt")])  # ZeRO partitions of rank 1
+def test_a_flipped_bit_in_a_shard_of_another_rank_is_refused_by_every_rank(tmp_path, engine, shard):
+    root, results = _run(tmp_path, "bitflip", shard, 2, engine=engine)
     for rank, result in results.items():
         assert result["load"]["error"] == "CheckpointCorrupted", result["load"]
         assert f"{shard} in {root / 'checkpoint_1'} has changed since it was saved" in result["load"]["message"]

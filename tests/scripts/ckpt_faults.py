@@ -1,6 +1,6 @@
 """Real faults around automatic checkpoints: a flipped bit, a full disk, a file-size limit, a directory not writable.
 
-usage: ckpt_faults.py OUT PROJECT MODE [ARG [ENGINE]]     ENGINE: ddp (default) | fsdp (FSDP2, sharded checkpoints)
+usage: ckpt_faults.py OUT PROJECT MODE [ARG [ENGINE]]     ENGINE: ddp (default) | fsdp (FSDP2) | deepspeed (ZeRO-2)
   bitflip FILE    save checkpoint_0 and checkpoint_1, flip one bit of checkpoint_1/FILE, load_state() (must refuse
                   and change nothing), then load_state() with fallback_on_damage=True (must load checkpoint_0)
   efbig RANKS     save checkpoint_0, then save with RLIMIT_FSIZE at 1 KiB on RANKS (comma-separated; SIGXFSZ is
@@ -37,6 +37,10 @@ if engine == "fsdp":
     from hasten import FullyShardedDataParallelPlugin
 
     plugins["fsdp_plugin"] = FullyShardedDataParallelPlugin()
+if engine == "deepspeed":
+    from hasten.utils.deepspeed import DeepSpeedPlugin
+
+    plugins["deepspeed_plugin"] = DeepSpeedPlugin(zero_stage=2)
 accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
     project, automatic_checkpoint_naming=True, total_limit=2 if mode == "bitflip" else 1), **plugins)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -66,7 +70,7 @@ def params() -> list[list[float]]:
 
 def state() -> dict:
     """Everything load_state may change: weights, optimizer, scheduler, RNG (compared before and after a refusal)."""
-    return {"params": params(), "optimizer": repr(optimizer.state_dict()["state"]), "lr": scheduler.get_last_lr(),
+    return {"params": params(), "optimizer": repr(optimizer.state_dict().get("state")), "lr": scheduler.get_last_lr(),
             "rng": torch.get_rng_state().tolist()}
 
 
