@@ -3,6 +3,8 @@
 - `constants.py`: the file names inside a checkpoint (Accelerate's).
 - `project.py`: `ProjectConfiguration`, automatic naming, finding the newest complete checkpoint, rotation.
 - `commit.py`: staging, fsync, manifest last, atomic rename; checks before loading.
+- `integrity.py`: a content hash of every file in the manifest, taken while saving, checked before loading.
+- `failures.py`: a failed write (disk full, file too large, no permission) as one sentence every process raises.
 - `state.py`: what a checkpoint holds; what saving and loading share (names, formats, agreement, reading pickles).
 - `save.py`: saving, by every process together or by the main process alone (`handshake.py` finds out which).
 - `load.py`: read and check everything, agree, then apply; `foreign.py`: folders written by Accelerate itself;
