@@ -1,7 +1,9 @@
-"""Faults, side by side: exact resume after SIGKILL, preemption by SIGTERM, and a hang (a skipped barrier).
+"""Faults, side by side: exact resume after SIGKILL, preemption by SIGTERM, a hang (a skipped barrier), a frozen rank
+(SIGSTOP) and a rank that returns early.
 
     python benchmarks/faults.py            # hasten, and Accelerate / Lightning Fabric when installed here
     python benchmarks/faults.py --quick    # the same cases; the peers' hang is given 30 s instead of 60 s
+    python benchmarks/faults.py --liveness # only the frozen rank and the early return
 
 What the test suite establishes for hasten (tests/test_resume.py, tests/test_launch_signals.py,
 tests/test_watchdog.py), shown here once per behaviour on 2 real processes (gloo), each case well
@@ -18,6 +20,11 @@ documented way and started by its own launcher (`accelerate launch`; torchrun fo
 - hang: rank 0 waits in a barrier while rank 1 is already in a gather (default 30-minute timeout):
   does the run end by itself, how fast, and does its error name both ranks and where they wait?
   The peers get a fixed limit (60 s, 30 s with --quick), after which the run is killed.
+- frozen rank: both ranks gather in a loop; rank 1 gets SIGSTOP (a stuck driver, a hung read, a paused VM). Does
+  the run end by itself (hasten: at its default 45 s liveness limit), naming rank 1 and its pid, and is every
+  process gone afterwards, the stopped one included?
+- early return: rank 1 returns from main while rank 0 goes on to a gather. How soon does the run end, and does
+  the message say who left?
 
 The training scripts are benchmarks/_faults_train.py (hasten and Accelerate: only the imports
 differ) and benchmarks/_faults_train_fabric.py (the same training written for Fabric).
@@ -29,6 +36,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -69,6 +77,35 @@ print("UNREACHABLE", flush=True)
 """,
 }
 HANG["accelerate"] = HANG["hasten"].replace("from hasten import", "from accelerate import")
+
+# Liveness: every rank gathers in a loop and, a few steps in, writes its pid; the benchmark then freezes rank 1.
+FREEZE = """\
+import os, sys, time
+from pathlib import Path
+import torch
+from hasten import Accelerator
+accelerator = Accelerator(cpu=True)
+for step in range(100_000):
+    accelerator.gather(torch.ones(1))
+    if step == 5:
+        Path(sys.argv[1], f"ready.rank{accelerator.process_index}").write_text(str(os.getpid()))
+    time.sleep(0.05)
+"""
+# A rank that returns from main while the other goes on to a gather.
+LEAVE = """\
+import time
+import torch
+from hasten import Accelerator
+def main():
+    accelerator = Accelerator(cpu=True)
+    accelerator.gather(torch.ones(1))
+    if accelerator.process_index == 1:
+        print(f"LEFT {time.time():.3f}", flush=True)
+        return  # rank 1 is done ...
+    accelerator.gather(torch.ones(3))  # ... while rank 0 gathers
+    print("UNREACHABLE", flush=True)
+main()
+"""
 
 
 def free_port() -> int:
@@ -254,9 +291,78 @@ def hang(framework: str, work: Path, home: Path, limit: float) -> None:
            seconds=seconds, ended=code is not None, exit_code=code)
 
 
+def frozen_rank(framework: str, work: Path, home: Path, limit: float) -> None:
+    """SIGSTOP rank 1 while both gather in a loop (default settings): does the run end, naming it, leaving nothing?"""
+    script, out = work / f"freeze_{framework}.py", work / f"freeze-{framework}"
+    script.write_text(FREEZE.replace("from hasten import", f"from {framework} import"))
+    out.mkdir()
+    process = start(framework, script, str(out), home=home)
+    deadline = time.monotonic() + 120
+    while not (out / "ready.rank1").is_file() or not (out / "ready.rank1").read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if not (out / "ready.rank1").is_file():
+        kill_tree(process.pid)
+        record("faults", "a frozen rank (SIGSTOP)", framework=framework, holds=False, outcome="did not start")
+        return
+    ranks = descendants(process.pid)
+    pid = int((out / "ready.rank1").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        _, err = process.communicate(timeout=limit)
+        code: int | None = process.returncode
+    except subprocess.TimeoutExpired:  # as a user would: SIGTERM to the launcher, then see what is left
+        code = None
+        process.send_signal(signal.SIGTERM)
+        try:
+            _, err = process.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            kill_tree(process.pid)
+            _, err = process.communicate()
+    seconds = time.monotonic() - stopped
+    time.sleep(1)
+    left = [p for p in {*ranks, pid} if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    summary = [line for line in err.splitlines() if line.startswith("hasten launch:")]
+    text = summary[0].removeprefix("hasten launch: ") if summary else tail(err, 2)
+    named = f"pid {pid}" in text and "rank 1" in text
+    outcome = (f"still hanging after {limit:.0f} s, then SIGTERM to the launcher" if code is None
+               else f"ended by itself {seconds:.1f} s after the freeze, exit {code}; "
+               + ("names the frozen rank and its pid" if named else "does not name the frozen rank") + f": {text[:300]}")
+    outcome += f"; {len(left)} process(es) left running (killed)" if left else "; no process left"
+    holds = code not in (None, 0) and named and not left and seconds < 60
+    print(f"  {framework:<10} frozen rank: {outcome}", flush=True)
+    record("faults", "a frozen rank (SIGSTOP)", framework=framework, holds=holds, outcome=outcome, seconds=seconds,
+           ended=code is not None, exit_code=code, left_running=len(left))
+
+
+def early_return(framework: str, work: Path, home: Path, limit: float) -> None:
+    """Rank 1 returns from main while rank 0 gathers: how soon does the run end, and does it say who left?"""
+    script = work / f"leave_{framework}.py"
+    script.write_text(LEAVE.replace("from hasten import", f"from {framework} import"))
+    code, out, err = finish(start(framework, script, home=home), limit)
+    ended = time.time()
+    left_at = re.search(r"LEFT (\d+\.\d+)", out)
+    seconds = ended - float(left_at.group(1)) if left_at else float("nan")
+    summary = [line for line in err.splitlines() if line.startswith("hasten launch:")]
+    text = summary[0].removeprefix("hasten launch: ") if summary else tail(err, 2)
+    named = "rank 1" in text and "left" in text
+    outcome = (f"still hanging after {limit:.0f} s, killed" if code is None
+               else f"ended {seconds:.1f} s after rank 1 returned, exit {code}; "
+               + ("names who left and where rank 0 waits" if named else "does not say who left") + f": {text[:300]}")
+    holds = code not in (None, 0) and named and seconds < 30
+    print(f"  {framework:<10} early return: {outcome}", flush=True)
+    record("faults", "rank 1 returns early while rank 0 gathers", framework=framework, holds=holds, outcome=outcome,
+           seconds=seconds, ended=code is not None, exit_code=code)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the peers' hang is given 30 s instead of 60 s")
+    parser.add_argument("--liveness", action="store_true", help="only the frozen rank and the early return")
     args = parser.parse_args()
     frameworks = ["hasten"]
     if importlib.util.find_spec("accelerate") is not None:
@@ -267,15 +373,19 @@ def main() -> int:
     home = work / "hf_home"
     try:
         print(f"-- faults, 2 processes (gloo); frameworks: {', '.join(frameworks)}", flush=True)
-        references = {}
-        for framework in frameworks:
+        references: dict[str, Path | None] = {}
+        for framework in frameworks if not args.liveness else ():
             references[framework] = exact_resume(framework, work, home)
-        for framework in frameworks:  # where a difference above comes from: the random stream after the restore?
+        for framework in frameworks if not args.liveness else ():  # a difference above: the random stream?
             exact_resume(framework, work, home, dropout=False)
-        for framework in frameworks:
+        for framework in frameworks if not args.liveness else ():
             preemption(framework, work, home, references[framework])
-        for framework in frameworks:
+        for framework in frameworks if not args.liveness else ():
             hang(framework, work, home, limit=90 if framework == "hasten" else (30 if args.quick else 60))
+        for framework in frameworks:  # hasten at its default liveness limit (45 s)
+            frozen_rank(framework, work, home, limit=90 if framework == "hasten" else (30 if args.quick else 60))
+        for framework in frameworks:
+            early_return(framework, work, home, limit=60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -4,6 +4,7 @@ Run it from the repository root (it launches itself on 2 processes):
 
     python benchmarks/overhead.py            # full run, a few minutes on 2 cores
     python benchmarks/overhead.py --quick    # fewer rounds
+    python benchmarks/overhead.py --liveness # only the liveness heartbeat's cost, in more rounds
 
 Both training loops run in the same 2 processes, their steps interleaved
 (one step of each in turn, each timed alone), so machine noise hits both
@@ -14,7 +15,9 @@ accumulation steps, `torch.autocast` around the forward.
 
 Targets: steps/s ratio >= 0.99; fp32 parameters equal to the raw loop's
 (max |diff| <= 1e-6); gather of 1M floats <= 1.1x raw all-gather;
-`from hasten import Accelerator` <= 1.05x `import torch`.
+`from hasten import Accelerator` <= 1.05x `import torch`. The liveness
+heartbeat (a thread of every launched process, so it runs under both
+loops) is measured apart: the raw loop's speed with it on and off.
 
 Peers, when installed in the same environment (never needed by hasten): a
 loop written for Hugging Face Accelerate (`accelerate.Accelerator`, its
@@ -400,6 +403,12 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     # The raw baseline creates the process group itself; hasten adopts it.
     dist.init_process_group("gloo")
+    if args.liveness:
+        compare_heartbeat(rounds=40, steps=500)
+        compare_heartbeat(rounds=40, steps=500, control=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     # Many short paired rounds: this VM's speed drifts by +-30% within seconds,
     # and pairing adjacent runs cancels drift slower than one round.
     rounds = {"mlp": 10 if args.quick else 40, "transformer": 6 if args.quick else 16}
@@ -419,12 +428,78 @@ def worker(args: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         print("-- collectives", flush=True)
     compare_gather(rounds=15 if args.quick else 60)
+    if dist.get_rank() == 0:
+        print("-- liveness: the heartbeat thread on and off (steps/s of the raw loop)", flush=True)
+    compare_heartbeat(rounds=8 if args.quick else 24, steps=500)  # 500: one epoch of the mlp data
+    compare_heartbeat(rounds=8 if args.quick else 24, steps=500, control=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if dist.get_rank() == 0:
         print(f"peak RSS of rank 0 (both loops): {peak:.0f} MiB", flush=True)
         record("memory", "overhead.py, rank 0 (all loops, DDP)", peak_mib=peak, loops=["raw", "hasten", *peer_loops()])
     dist.barrier()
     dist.destroy_process_group()
+
+
+def compare_heartbeat(rounds: int, steps: int, control: bool = False) -> float:
+    """What the liveness heartbeat costs a training loop: the raw DDP loop with the heartbeat thread on and off.
+
+    The thread is process-wide, so it cannot alternate step by step: rounds
+    of `steps` steps (about a second: a beat each) alternate on/off,
+    AB BA ..., on both processes together; the ratio is the median of
+    (steps/s on) / (steps/s off) over pairs of adjacent rounds. The direct
+    cost of one beat is timed too (one small file replaced, once a second).
+    With `control`, "on" rounds start no heartbeat: the same protocol's
+    noise floor (an A/A comparison).
+    """
+    import tempfile
+
+    import torch.distributed as dist
+
+    from hasten.process import heartbeat
+
+    rank = dist.get_rank()
+    directory = tempfile.mkdtemp(prefix="hasten-bench-heartbeat-")
+    identity = {"rank": rank, "pid": 0, "host": "bench"}
+    path = heartbeat.heartbeat_path(directory, rank)
+    start = time.perf_counter()
+    for number in range(2000):
+        heartbeat._beat_once(path, identity, number)
+    beat_us = (time.perf_counter() - start) / 2000 * 1e6
+    launched = heartbeat.running()
+    heartbeat.stop()  # the one `hasten launch` started: toggled below instead
+    run_loop(raw_loop("mlp", 8, 1, "no"))  # warm-up
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}  # process CPU seconds per step (every thread: the beats too)
+    for round_index in range(2 * rounds):
+        on = (round_index % 4) in (0, 3)  # on off off on on off off on ...: each pair has both, first one alternating
+        if on and not control:
+            heartbeat.start(directory, rank=rank)
+        loop = raw_loop("mlp", steps, 1, "no")
+        next(loop)  # set up, untimed
+        dist.barrier()
+        begin, cpu_begin = time.perf_counter(), time.process_time()
+        run_loop(loop)
+        rates[on].append(steps / (time.perf_counter() - begin))
+        cpu[on].append((time.process_time() - cpu_begin) / steps)
+        heartbeat.stop()
+    ratios = [rates[True][i] / rates[False][i] for i in range(rounds)]
+    ratio = statistics.median(ratios)
+    cpu_ratio = statistics.median([cpu[False][i] / cpu[True][i] for i in range(rounds)])
+    low, _, high = statistics.quantiles(ratios, n=4)
+    if launched:
+        heartbeat.start()  # as the launcher set it up
+    if rank == 0 and control:
+        print(f"  control (A/A: no heartbeat in either round of a pair): wall ratio {ratio:.3f} "
+              f"(quartiles {low:.2f}-{high:.2f})  CPU ratio {cpu_ratio:.3f}", flush=True)
+    elif rank == 0:
+        print(f"liveness heartbeat  one beat {beat_us:.1f} us once a second ({beat_us / 1e4:.4f}% of a core); raw DDP loop "
+              f"{statistics.median(rates[False]):.1f} steps/s without, {statistics.median(rates[True]):.1f} with: "
+              f"wall ratio {ratio:.3f} (quartiles {low:.2f}-{high:.2f})  CPU ratio {cpu_ratio:.3f}", flush=True)
+    if rank == 0:
+        record("liveness", "heartbeat thread, raw DDP mlp loop" + (" (A/A control)" if control else ""),
+               framework="hasten", rounds=rounds, steps_per_round=steps, beat_us=beat_us, ratio=ratio, q1=low, q3=high,
+               cpu_ratio=cpu_ratio)
+    return ratio
 
 
 # ---------------------------------------------------------------------------- import time (fresh interpreters)
@@ -467,11 +542,14 @@ def compare_imports(repeats: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (noisier)")
+    parser.add_argument("--liveness", action="store_true", help="only the heartbeat's cost, in more rounds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
+    if args.liveness:
+        return launch_self(__file__, "--worker", "--liveness")
     compare_imports(repeats=3 if args.quick else 7)
     return launch_self(__file__, "--worker", *(["--quick"] if args.quick else []))
 

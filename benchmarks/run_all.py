@@ -289,6 +289,14 @@ def render(records: list[dict], quick: bool) -> str:
         worst = max(params, key=lambda r: r["max_diff"])
         rows.append(["fp32 parameters after the same training, max |hasten − raw|", "≤ 1e-6",
                      f"{worst['max_diff']:.1e} ({worst['name']})", verdict(all(r["ok"] for r in params))])
+    beat = lookup(records, "liveness", "heartbeat thread, raw DDP mlp loop", "hasten")
+    if beat:
+        control = lookup(records, "liveness", "heartbeat thread, raw DDP mlp loop (A/A control)", "hasten")
+        rows.append(["liveness heartbeat (a thread per process): raw DDP steps/s with / without it",
+                     "within the noise", f"{f(beat['ratio'], 3)}, CPU {f(beat.get('cpu_ratio'), 3)} (one beat "
+                     f"{f(beat['beat_us'], 0)} µs a second)" + (f"; A/A control {f(control['ratio'], 3)}, CPU "
+                                                                 f"{f(control.get('cpu_ratio'), 3)}" if control else ""),
+                     "—"])
     faults = [r for r in by(records, "faults") if r.get("framework") == "hasten"]
     if faults:
         rows.append(["faults: exact resume, preemption, hang detection (below)", "all hold",
