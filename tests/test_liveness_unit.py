@@ -45,6 +45,15 @@ def beat(directory, rank: int, pid: int, number: int, wait=None) -> None:
         json.dump({"rank": rank, "pid": pid, "host": "node-a", "beat": number, "wait": wait}, handle)
 
 
+def stop(child: subprocess.Popen) -> None:
+    """SIGSTOP `child` and wait until the kernel shows it stopped (the signal takes effect when it is scheduled)."""
+    os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the child did not stop"
+        time.sleep(0.01)
+
+
 def gone(child: subprocess.Popen, within: float = 5.0) -> bool:
     try:
         child.wait(within)
@@ -60,7 +69,7 @@ def test_a_stopped_process_is_frozen_after_the_limit_named_and_killed(tmp_path, 
     beat(tmp_path, 0, waiting.pid, 1, gather)
     beat(tmp_path, 1, frozen.pid, 1)
     monitor.look(100.0)
-    os.kill(frozen.pid, signal.SIGSTOP)
+    stop(frozen)
     for now in (100.5, 105.0, 109.5):  # rank 0 beats on; rank 1 is silent, but not yet for the limit
         beat(tmp_path, 0, waiting.pid, int(now), gather)
         monitor.look(now)
@@ -95,7 +104,7 @@ def test_when_a_process_ends_the_stopped_one_is_blamed_after_a_few_seconds(tmp_p
     beat(tmp_path, 0, ending.pid, 1, {"kind": "hasten", "n": 9, "op": "gather", "site": "train.py:9"})
     beat(tmp_path, 1, frozen.pid, 1)
     monitor.look(0.0)
-    os.kill(frozen.pid, signal.SIGSTOP)
+    stop(frozen)
     ending.kill()  # rank 0 ends (its own timeout, say)
     ending.wait()
     monitor.look(1.0)
@@ -111,7 +120,7 @@ def test_a_launcher_that_was_suspended_counts_again(tmp_path, children):
     monitor = Monitor(str(tmp_path), limit=10.0, world_size=1)
     beat(tmp_path, 0, frozen.pid, 1)
     monitor.look(0.0)
-    os.kill(frozen.pid, signal.SIGSTOP)
+    stop(frozen)
     monitor.look(30.0)  # the launcher itself did not look for 30 s (a suspended job): no verdict on that
     assert monitor.verdict is None
     monitor.look(35.0)
@@ -133,6 +142,12 @@ def test_the_heartbeat_thread_beats_every_second_with_where_the_process_waits(tm
     finally:
         heartbeat.stop()
     assert not heartbeat.running()
+
+
+def test_no_heartbeat_where_the_launchers_directory_is_not(tmp_path):
+    # a rank on another host (mpirun with a hostfile) cannot write into this machine's directory: no thread, no error
+    assert heartbeat.start(str(tmp_path / "not-here"), rank=0) is None and not heartbeat.running()
+    assert not (tmp_path / "not-here").exists()
 
 
 def test_the_exit_rendezvous_waits_for_every_process_and_says_who_left(monkeypatch):

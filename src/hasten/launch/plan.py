@@ -181,7 +181,8 @@ class LaunchPlan:
             argv += ["--hostfile", self.mpirun_hostfile]
         elif self.num_processes > cpus:
             argv.append("--oversubscribe")
-        heartbeats = (HEARTBEAT_DIR_ENV,) if HEARTBEAT_DIR_ENV in os.environ else ()  # set by the launch itself
+        # set by the launch itself; ranks on other hosts could not write into this machine's directory
+        heartbeats = (HEARTBEAT_DIR_ENV,) if HEARTBEAT_DIR_ENV in os.environ and not self.mpirun_hostfile else ()
         for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env(), *heartbeats):
             argv += ["-x", name]
         return argv + [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]

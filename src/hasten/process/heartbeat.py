@@ -83,12 +83,14 @@ def start(directory: str | None = None, rank: int | None = None) -> threading.Th
         if not label.isdigit():
             return None
         rank = int(label)
-    os.makedirs(directory, exist_ok=True)
     identity = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+    try:  # the launcher made the directory; where it cannot be written (another host's ranks) nobody listens
+        _beat_once(heartbeat_path(directory, rank), identity, 0)  # the launcher knows the pid from the start
+    except OSError:
+        return None
     _stop.clear()
     _thread = threading.Thread(target=_beat, args=(heartbeat_path(directory, rank), identity),
                                name="hasten-heartbeat", daemon=True)
-    _beat_once(heartbeat_path(directory, rank), identity, 0)  # the launcher knows the pid from the start
     _thread.start()
     return _thread
 
@@ -122,7 +124,7 @@ def _beat(path: str, identity: dict[str, Any]) -> None:
             _beat_once(path, identity, beat)
         except FileNotFoundError:  # the launcher removed its directory (the run is ending): nobody listens
             return
-        except OSError:  # a full disk, say: the file's time is a beat too (the launcher reads both)
+        except Exception:  # noqa: BLE001 - a full disk, say: the file's time is a beat too (the launcher reads both)
             try:
                 os.utime(path)
             except OSError:
