@@ -18,16 +18,17 @@ case holds is found out without a collective (`handshake.py`).
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from . import handshake
-from . import integrity
+from ..process.group import group_timeout
+from . import background, handshake, integrity
 from .commit import CheckpointError, begin_staging, fsync_path, publish, staging_path, write_manifest
 from .constants import (
     CUSTOM_STATE_NAME,
@@ -73,12 +74,21 @@ def target_dir(config: ProjectConfiguration, output_dir: str | None) -> tuple[Pa
     return target, True
 
 
-def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serialization: bool = True) -> Path:
-    """Write a complete, atomically published checkpoint of `saveset`; returns its path (see the module doc for who writes what)."""
+def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serialization: bool = True,
+                    async_save: bool = False) -> Path | background.AsyncSave:
+    """Write a complete, atomically published checkpoint of `saveset`; returns its path (see the module doc for who writes what).
+
+    `async_save`: return once the state is copied; the writing and publishing
+    go on in the background and the returned path is also a
+    `background.AsyncSave` handle (`wait()`). A save waits for this
+    process's previous asynchronous one first.
+    """
+    background.wait_pending()
     process = saveset.process
     n = process.world
     if n == 1:
-        return _save(saveset, *target_dir(saveset.project, output_dir), safe_serialization, together=False)
+        return _save(saveset, *target_dir(saveset.project, output_dir), safe_serialization, together=False,
+                     in_background=async_save)
     # Which save this is: the directory, and the script's lines that called save_state (see handshake.decide).
     site = _user_stack()
     request: dict[str, Any] = {"dir": None if output_dir is None else os.path.abspath(output_dir), "site": site}
@@ -89,7 +99,7 @@ def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serial
         if reply["mode"] == "alone":  # some other process did not call save_state: the main process saved alone
             return Path(reply["target"])
         return _save(saveset, Path(reply["target"]), reply["automatic"], safe_serialization, together=True,
-                     iteration=reply["iteration"])
+                     iteration=reply["iteration"], in_background=async_save)
 
     decision = handshake.decide(n, site)
     try:
@@ -108,8 +118,9 @@ def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serial
     if decision.everyone:
         handshake.answer(decision, {"mode": "together", "target": str(target), "automatic": automatic,
                                     "iteration": iteration})
-        return _save(saveset, target, automatic, safe_serialization, together=True, iteration=iteration)
-    try:
+        return _save(saveset, target, automatic, safe_serialization, together=True, iteration=iteration,
+                     in_background=async_save)
+    try:  # the main process alone (the others did not call save_state): written before returning
         path = _save(saveset, target, automatic, safe_serialization, together=False)
     except Exception as failure:
         message = str(failure) if isinstance(failure, CheckpointError) else f"the main process could not save {target}: {failure}"
@@ -169,48 +180,78 @@ def _seal(path: Path, name: str, hashes: Hashes | None) -> None:
     fsync_path(path)
 
 
+def _captured(saveset: SaveSet, publisher: bool, weights: list[dict[str, torch.Tensor]],
+              optimizer_states: list[dict[str, Any]], copy_values: bool) -> list[tuple[str, str, Any]]:
+    """What this process writes besides sharded engine files, as (kind, name, value) in write order.
+
+    `copy_values`: deep copies (an asynchronous save must not see the
+    training thread's next step); `copy.deepcopy` keeps tensors that share
+    storage sharing it, so the files are the same bytes as a synchronous save's.
+    """
+    take: Callable[[Any], Any] = copy.deepcopy if copy_values else (lambda value: value)
+    rank = saveset.process.rank
+    items: list[tuple[str, str, Any]] = []
+    if publisher:
+        for i, weight in enumerate(weights):
+            items.append(("model", str(i), take(weight)))
+        for i, optimizer_state in enumerate(optimizer_states):
+            items.append(("object", indexed_name(f"{OPTIMIZER_NAME}.bin", i), take(optimizer_state)))
+        for i, scheduler in enumerate(saveset.schedulers):
+            items.append(("object", indexed_name(f"{SCHEDULER_NAME}.bin", i), take(scheduler.state_dict())))
+        if saveset.scaler is not None:
+            items.append(("object", SCALER_NAME, take(saveset.scaler.state_dict())))
+        for i, obj in enumerate(saveset.custom):
+            items.append(("object", f"{CUSTOM_STATE_NAME}_{i}.pkl", take(obj.state_dict())))
+    rng = {**saveset.capture_rng(), "step": saveset.counter.step}  # "step" where Accelerate keeps it
+    items.append(("object", f"{RNG_STATE_NAME}_{rank}.pkl", rng))  # captured fresh: nothing to copy
+    # Mid-accumulation, the gradients gathered so far are state too (and differ per process).
+    gradients = {f"{i}.{name}": grad for i, model in enumerate(saveset.models)
+                 for name, grad in saveset.engine.model_gradients(model).items()}
+    if gradients:
+        items.append(("gradients", f"{GRADIENTS_NAME}_{rank}.safetensors", take(gradients)))
+    return items
+
+
+def _write_captured(staging: Path, items: list[tuple[str, str, Any]], safe: bool,
+                    hashes: Hashes | None) -> dict[str, int]:
+    files: dict[str, int] = {}
+    model_base = SAFE_WEIGHTS_NAME if safe else WEIGHTS_NAME
+    for kind, name, value in items:
+        if kind == "model":
+            files.update([_write_model(staging, indexed_name(model_base, int(name)), value, safe, hashes)])
+        elif kind == "gradients":
+            files.update([_write_model(staging, name, value, True, hashes)])
+        else:
+            files.update([_write(staging, name, value, hashes)])
+    return files
+
+
 def _write_files(saveset: SaveSet, staging: Path, publisher: bool, weights: list[dict[str, torch.Tensor]],
                  optimizer_states: list[dict[str, Any]], safe: bool, hashes: Hashes | None) -> dict[str, int]:
     """This process's files (the publisher writes the shared ones); returns {name: size}, and hashes them."""
     strategy = saveset.engine
-    models = list(saveset.models)
-    rank = saveset.process.rank
     files: dict[str, int] = {}
     staging.mkdir(parents=True, exist_ok=True)  # a process on another machine without a shared disk
     if strategy.writes_own_checkpoint_files:  # each process writes its own shard of every model and optimizer
         try:
-            written = strategy.save_checkpoint_files(staging, models, saveset.optimizers)
+            written = strategy.save_checkpoint_files(staging, list(saveset.models), saveset.optimizers)
         except Exception as failure:
             raise FileWriteFailed(f"its {_ENGINES.get(strategy.name, strategy.name)} shards") from failure
         files.update(written)
         for name in written:
             if hashes is not None:
                 hashes.add(name, staging / name)
-    if publisher:
-        model_base = SAFE_WEIGHTS_NAME if safe else WEIGHTS_NAME
-        for i, weight in enumerate(weights):
-            files.update([_write_model(staging, indexed_name(model_base, i), weight, safe, hashes)])
-        for i, optimizer_state in enumerate(optimizer_states):
-            files.update([_write(staging, indexed_name(f"{OPTIMIZER_NAME}.bin", i), optimizer_state, hashes)])
-        for i, scheduler in enumerate(saveset.schedulers):
-            files.update([_write(staging, indexed_name(f"{SCHEDULER_NAME}.bin", i), scheduler.state_dict(), hashes)])
-        if saveset.scaler is not None:
-            files.update([_write(staging, SCALER_NAME, saveset.scaler.state_dict(), hashes)])
-        for i, obj in enumerate(saveset.custom):
-            files.update([_write(staging, f"{CUSTOM_STATE_NAME}_{i}.pkl", obj.state_dict(), hashes)])
-    rng = {**saveset.capture_rng(), "step": saveset.counter.step}  # "step" where Accelerate keeps it
-    files.update([_write(staging, f"{RNG_STATE_NAME}_{rank}.pkl", rng, hashes)])
-    # Mid-accumulation, the gradients gathered so far are state too (and differ per process).
-    gradients = {f"{i}.{name}": grad for i, model in enumerate(models)
-                 for name, grad in strategy.model_gradients(model).items()}
-    if gradients:
-        files.update([_write_model(staging, f"{GRADIENTS_NAME}_{rank}.safetensors", gradients, True, hashes)])
+    files.update(_write_captured(staging, _captured(saveset, publisher, weights, optimizer_states, False), safe,
+                                 hashes))
     return files
 
 
 def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: bool, together: bool,
-          iteration: int | None = None) -> Path:
-    """Write and publish `target`; `together`: every process takes part (and agrees), else this process alone."""
+          iteration: int | None = None, in_background: bool = False) -> Path | background.AsyncSave:
+    """Write and publish `target`; `together`: every process takes part (and agrees), else this process alone.
+
+    `in_background`: copy the state, then write and publish on a writer thread (`background.py`); returns its handle.
+    """
     process = saveset.process
     n = process.world if together else 1  # the processes that take part
     config = saveset.project
@@ -238,45 +279,94 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
     optimizer_states = [] if sharded else [strategy.optimizer_state_dict(opt) for opt in saveset.optimizers]
     for hook in saveset.save_pre_hooks:
         hook(models, weights, str(staging))  # a hook may pop weights it saves itself (e.g. save_pretrained)
-    files: dict[str, int] = {}
-    digests: dict[str, str] = {}
-    error = None
-    hashes = Hashes() if integrity.ENABLED else None
-    try:
-        files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization, hashes)
-        digests = hashes.result() if hashes is not None else {}
-    except Exception as failure:  # noqa: BLE001 - reported to every process, then raised everywhere
-        error = write_failure(failure, target, automatic, process.rank)  # while the disk is as the failure left it
-    finally:
-        if hashes is not None:
-            hashes.close()
-    reports = all_gather((error, files, digests), n, _OP)
-    first_error = next((e for e, _, _ in reports if e is not None), None)
-    if first_error is None and publisher:
-        all_files = {name: size for _, part, _ in reports for name, size in part.items()}
-        all_digests = {name: digest for _, _, part in reports for name, digest in part.items()}
+    manifest = {
+        "iteration": iteration if automatic else None,
+        "num_processes": process.world,
+        "saved_by": list(range(process.world)) if together else [process.rank],
+        "step": saveset.counter.step,
+        "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(saveset.optimizers),
+                     "schedulers": len(saveset.schedulers), "dataloaders": len(saveset.dataloaders),
+                     "custom": len(saveset.custom), "scaler": saveset.scaler is not None,
+                     "model_format": model_format(strategy, safe_serialization)},
+        "dataloaders": [encode(loader.state_dict()) for loader in saveset.dataloaders],
+    }
+
+    def publish_outcome(reports: list[tuple[Any, dict[str, int], dict[str, str]]]) -> str | CheckpointError | None:
+        """The publisher's part once every process reported: manifest, rename, rotation; the first error, if any."""
+        first_error = next((e for e, _, _ in reports if e is not None), None)
+        if first_error is None and publisher:
+            all_files = {name: size for _, part, _ in reports for name, size in part.items()}
+            all_digests = {name: digest for _, _, part in reports for name, digest in part.items()}
+            try:
+                write_manifest(staging, {**manifest, "files": all_files,
+                                         **({"hashes": manifest_hashes(all_digests)} if integrity.ENABLED else {})})
+                publish(staging, target)
+            except (OSError, TypeError) as failure:
+                first_error = write_failure(failure, target, automatic, process.rank, MANIFEST_NAME)
+        if first_error is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, is untouched
+        elif automatic and publisher:
+            rotate_checkpoints(target.parent, config.total_limit, keep=target)
+        return first_error
+
+    def write_mine(items: list[tuple[str, str, Any]] | None) -> tuple[Any, dict[str, int], dict[str, str]]:
+        files: dict[str, int] = {}
+        digests: dict[str, str] = {}
+        error: CheckpointError | None = None
+        hashes = Hashes() if integrity.ENABLED else None
         try:
-            write_manifest(staging, {
-                "iteration": iteration if automatic else None,
-                "num_processes": process.world,
-                "saved_by": list(range(process.world)) if together else [process.rank],
-                "step": saveset.counter.step,
-                "files": all_files,
-                "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(saveset.optimizers),
-                             "schedulers": len(saveset.schedulers), "dataloaders": len(saveset.dataloaders),
-                             "custom": len(saveset.custom), "scaler": saveset.scaler is not None,
-                             "model_format": model_format(strategy, safe_serialization)},
-                "dataloaders": [encode(loader.state_dict()) for loader in saveset.dataloaders],
-                **({"hashes": manifest_hashes(all_digests)} if hashes is not None else {}),
-            })
-            publish(staging, target)
-        except (OSError, TypeError) as failure:
-            first_error = write_failure(failure, target, automatic, process.rank, MANIFEST_NAME)
-    if first_error is not None:
-        shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, is untouched
+            if items is None:
+                files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization, hashes)
+            else:
+                staging.mkdir(parents=True, exist_ok=True)
+                files = _write_captured(staging, items, safe_serialization, hashes)
+            digests = hashes.result() if hashes is not None else {}
+        except Exception as failure:  # noqa: BLE001 - reported to every process, then raised everywhere
+            error = write_failure(failure, target, automatic, process.rank)  # while the disk is as the failure left it
+        finally:
+            if hashes is not None:
+                hashes.close()
+        return error, files, digests
+
+    if in_background:
+        if sharded:
+            raise CheckpointError(f"save_state(async_save=True) is not available under "
+                                  f"{_ENGINES.get(strategy.name, strategy.name)} yet (its shards are written by "
+                                  "the engine); call save_state without async_save.")
+        items: list[tuple[str, str, Any]] = []
+        copy_error = None
+        try:
+            items = _captured(saveset, publisher, weights, optimizer_states, copy_values=True)
+        except Exception as failure:  # noqa: BLE001 - agreed below, so no process goes on alone
+            copy_error = (f"save_state(async_save=True) could not copy the state to write in the background "
+                          f"({type(failure).__name__}: {failure}); make the registered objects' state_dict() "
+                          "copyable (copy.deepcopy), or save without async_save.")
+        if copy_error is not None and publisher:
+            shutil.rmtree(staging, ignore_errors=True)
+        agree(copy_error, n, _OP)
+        config.iteration = iteration + 1  # counted now, as a synchronous save would have by the time it returns
+        number = background.next_number()
+
+        def work() -> None:
+            error, files, digests = write_mine(items)
+            if n == 1:
+                outcome = publish_outcome([(error, files, digests)])
+                if outcome is not None:
+                    raise outcome if isinstance(outcome, CheckpointError) else CheckpointError(outcome)
+                return
+            report = (None if error is None else str(error), files, digests)
+            background.exchange(number, process.rank, n, publisher, report,
+                                lambda reports: _text(publish_outcome([tuple(r) for r in reports])), group_timeout())
+
+        return background.run_in_background(target, work)
+
+    reports = all_gather(write_mine(None), n, _OP)
+    first_error = publish_outcome(reports)
     agree(first_error, n, _OP)  # every process knows the outcome before going on
-    if automatic and publisher:
-        rotate_checkpoints(target.parent, config.total_limit, keep=target)
     config.iteration = iteration + 1  # as Accelerate: every save counts, named automatically or not
     barrier(n, _OP)
     return target
+
+
+def _text(error: str | CheckpointError | None) -> str | None:
+    return None if error is None else str(error)

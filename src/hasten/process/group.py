@@ -24,13 +24,14 @@ import atexit
 import contextlib
 import sys
 from datetime import timedelta
+from typing import Callable
 from types import TracebackType
 
 from ..topology import ProcessTopology
 from . import watchdog
 
 __all__ = ["DEFAULT_TIMEOUT", "group_timeout", "init_process_group", "topology_from_group", "start_watchdog",
-           "shutdown_process_group", "leave_process_group"]
+           "shutdown_process_group", "leave_process_group", "before_leaving"]
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -45,6 +46,23 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
 
 
 _previous_excepthook = sys.excepthook
+
+
+_before_leaving: list[Callable[[], None]] = []
+
+
+def before_leaving(hook: Callable[[], None]) -> None:
+    """Run `hook` before this process leaves its group after a success (a higher layer finishing work in flight).
+
+    Example:
+        >>> before_leaving(lambda: None)  # e.g. wait for a checkpoint still being written
+    """
+    _before_leaving.append(hook)
+
+
+def _finish_work_in_flight() -> None:
+    for hook in _before_leaving:
+        hook()
 
 
 def shutdown_process_group(success: bool = True) -> None:
@@ -62,6 +80,7 @@ def shutdown_process_group(success: bool = True) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     if success and not _failed:
+        _finish_work_in_flight()
         watchdog.mark_left(f"ended its process group at {watchdog.user_site(sys._getframe(1))}")
         with contextlib.suppress(Exception):
             # First a rendezvous of its own (no user's wait_for_everyone can match it, and a process that
@@ -82,6 +101,7 @@ def leave_process_group(success: bool, what: str = "left the script") -> None:
     if "torch.distributed" not in sys.modules:
         return  # the user's code never touched torch.distributed
     if success:  # even if the script destroyed its group itself: a process waiting for this one is told
+        _finish_work_in_flight()
         watchdog.mark_left(what)
     shutdown_process_group(success=success)
 

@@ -1,0 +1,152 @@
+"""`save_state(..., async_save=True)`: copy the state now, write and publish it on a background thread.
+
+The training thread pays for one copy of the state into memory (off the
+live tensors, so the next optimizer step cannot change what is written);
+the files, their hashes, the manifest and the atomic rename happen on a
+writer thread, with the same functions and values a synchronous save uses,
+so the published folder is the same bit for bit.
+
+The processes agree on the outcome through the rendezvous store, never
+through a collective: a collective from the writer thread could interleave
+with the training thread's own. Each process posts its files (or its
+error); the publishing process waits for every post, writes the manifest,
+renames the folder into place and posts the outcome, which the others'
+writer threads wait for.
+
+At most one save is in flight: a second `save_state` (and a preemption
+save) first waits for the pending one; leaving the process group (the end
+of a launched script) and interpreter exit wait too, so a finished run
+never leaves a checkpoint half-written.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from ..process import group
+from .commit import CheckpointError
+
+__all__ = ["AsyncSave", "exchange", "next_number", "pending", "run_in_background", "wait_pending"]
+
+_KEY = "hasten/async_save/{number}/{what}"
+_numbers = itertools.count()  # every process starts async saves in the same order: the same number everywhere
+_pending: AsyncSave | None = None
+
+
+class AsyncSave(str):
+    """The directory an asynchronous `save_state` is writing (a `str`, as a synchronous save returns), and its handle.
+
+    `wait()` blocks until the checkpoint is published (and returns its path)
+    or raises the save's error; `done()` says whether it is over.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True)
+        >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+        >>> handle = accelerator.save_state(tempfile.mkdtemp() + "/ckpt", async_save=True)
+        >>> handle.wait() == handle  # published: the same folder a synchronous save writes
+        True
+    """
+
+    _thread: threading.Thread
+    _error: BaseException | None
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the checkpoint is published; raise its error if it failed (or TimeoutError after `timeout` s)."""
+        global _pending
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the asynchronous save of {str(self)} is still writing after {timeout:g} s.")
+        if _pending is self:  # waited for: the next save need not wait again, nor raise this error again
+            _pending = None
+        if self._error is not None:
+            raise self._error
+        return str(self)
+
+    def done(self) -> bool:
+        """Whether the background write is over (published or failed)."""
+        return not self._thread.is_alive()
+
+
+def pending() -> AsyncSave | None:
+    """The save still being written by this process, if any."""
+    return _pending if _pending is not None and not _pending.done() else None
+
+
+def wait_pending() -> None:
+    """Wait for this process's pending asynchronous save, raising its error (each error is raised once)."""
+    global _pending
+    handle, _pending = _pending, None
+    if handle is not None:
+        handle.wait()
+
+
+def _wait_quietly() -> None:
+    """At the end of the run: finish the pending save; a failure is said on stderr (raising from teardown helps nobody)."""
+    try:
+        wait_pending()
+    except Exception as failure:  # noqa: BLE001
+        print(f"[hasten] the asynchronous save_state failed and nobody waited for it: {failure}", file=sys.stderr,
+              flush=True)
+
+
+def run_in_background(target: Path, work: Callable[[], None]) -> AsyncSave:
+    """Start `work` (write, agree, publish) on a writer thread; returns the handle, also kept as the pending save."""
+    global _pending
+    handle = AsyncSave(str(target))
+    handle._error = None
+
+    def body() -> None:
+        try:
+            work()
+        except BaseException as failure:  # noqa: BLE001 - kept for wait(), raised on the training thread
+            handle._error = failure
+
+    # daemon: a failed run must still be able to exit; a successful one waits (group.before_leaving, atexit)
+    handle._thread = threading.Thread(target=body, name=f"hasten-async-save {target.name}", daemon=True)
+    _pending = handle
+    handle._thread.start()
+    return handle
+
+
+def exchange(number: int, rank: int, world: int, publisher: bool, report: Any,
+             publish: Callable[[list[Any]], str | None], timeout: float) -> None:
+    """Agree on one asynchronous save's outcome through the store: every report reaches the publisher, its verdict everyone.
+
+    `publish` (run by the publishing process with every process's report)
+    returns None when the checkpoint is in place, else the error every
+    process raises.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    store.set(_KEY.format(number=number, what=f"report{rank}"), json.dumps(report))
+    outcome_key = _KEY.format(number=number, what="outcome")
+    if publisher:
+        keys = [_KEY.format(number=number, what=f"report{r}") for r in range(world)]
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+        reports = [json.loads(store.get(key)) for key in keys]
+        store.set(outcome_key, json.dumps({"error": publish(reports)}))
+    else:
+        store.wait([outcome_key], datetime.timedelta(seconds=timeout))
+    error = json.loads(store.get(outcome_key))["error"]
+    if error is not None:
+        raise CheckpointError(error)
+
+
+def next_number() -> int:
+    """The number of the next asynchronous save (the same on every process: they start saves in the same order)."""
+    return next(_numbers)
+
+
+group.before_leaving(_wait_quietly)  # the end of a launched script: before the exit rendezvous and destroy
+atexit.register(_wait_quietly)  # a script without a process group
