@@ -216,17 +216,14 @@ def reshard(shards: list[dict[str, Any]], engine: Any) -> dict[str, Any]:
         raise ValueError(f"the checkpoint holds {len(first['fp32'])} parameter partitions but this engine has "
                          f"{len(live)}; use the same parameter groups (and sub_group_size).")
     fp32 = _whole(shards, numel, lambda shard, k: shard["fp32"][k])
-    saved_state = first["base_optimizer"].get("state", {})
-    state: dict[int, dict[str, Any]] = {}
-    for k, values in saved_state.items():
-        state[k] = {}
-        for key, value in values.items():
-            partitioned = isinstance(value, torch.Tensor) and value.numel() == first["fp32"][k].numel() and value.dim() == 1
-            if partitioned:
-                pieces = _whole(shards, numel, lambda shard, j, key=key: shard["base_optimizer"]["state"][j][key])
-                state[k][key] = _cut(pieces, layout["partitions"][k], live[k])
-            else:
-                state[k][key] = value
+    saved_state: dict[int, dict[str, Any]] = first["base_optimizer"].get("state", {})
+    per_element = {key for k, values in saved_state.items() for key, value in values.items()
+                   if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == first["fp32"][k].numel()}
+    wholes = {key: _whole(shards, numel, lambda shard, k, key=key: shard["base_optimizer"]["state"][k][key])
+              for key in sorted(per_element)}
+    state = {k: {key: _cut(wholes[key], layout["partitions"][k], live[k]) if key in wholes else value
+                 for key, value in values.items()}
+             for k, values in saved_state.items()}
     return {**first, "fp32": [_cut(fp32, fragments, live[k]) for k, fragments in enumerate(layout["partitions"])],
             "base_optimizer": {**first["base_optimizer"], "state": state}, "layout": layout}
 
