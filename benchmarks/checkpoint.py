@@ -20,6 +20,10 @@ Part 3, checksum cost (`--checksums` runs only this part): what the manifest's c
   then save_state + load_state of a ~200 MB state (a 16.8M-parameter model + AdamW) with the hashes on and off
   (hasten.checkpointing.integrity.ENABLED), alternating, median of rounds; loads from the page cache (hot: the
   worst case for the check, nothing to overlap it with) and, when run as root, after dropping the caches (cold).
+
+Part 4, async-save stall (`--async-save` runs only this part): the same ~200 MB state, alternating in each round,
+  save_state (synchronous: the training thread waits for the whole save) against save_state(async_save=True)
+  (the training thread waits only for the copy; then `wait()` outside the timing); printed: both, and their ratio.
 """
 
 from __future__ import annotations
@@ -159,6 +163,36 @@ def checksum_cost(rounds: int, work: Path) -> None:
            disk_mb_s=disk_bytes / 1e6 / disk, hash_mb_s=speeds, **figures)
 
 
+def async_stall(rounds: int, work: Path) -> None:
+    """Part 4: how long the training thread stops for a synchronous save and for an asynchronous one."""
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(*build(1024, 16))
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) * 3
+    stalls: dict[str, list[float]] = {"sync": [], "async": [], "async_total": []}
+    for round_index in range(rounds):
+        for kind in (("sync", "async") if round_index % 2 else ("async", "sync")):
+            ckpt = work / f"stall{round_index}{kind}"
+            os.sync()
+            gc.collect()
+            start = time.perf_counter()
+            handle = accelerator.save_state(ckpt, async_save=kind == "async")
+            stalls[kind].append(time.perf_counter() - start)
+            if kind == "async":
+                handle.wait()  # type: ignore[attr-defined]
+                stalls["async_total"].append(time.perf_counter() - start)
+            shutil.rmtree(ckpt)
+    median = {kind: statistics.median(values) for kind, values in stalls.items()}
+    ratio = median["async"] / median["sync"]
+    print(f"-- async save of {size / 1e6:.0f} MB, median of {rounds} alternating rounds: training stalls "
+          f"{median['sync']:.3f} s synchronously, {median['async']:.3f} s with async_save=True "
+          f"(written and published {median['async_total']:.3f} s after the call): {ratio:.3f}x   (goal <= 0.10x)",
+          flush=True)
+    record("checkpoint", "async_save_stall", mb=size / 1e6, rounds=rounds, sync_s=median["sync"],
+           async_s=median["async"], async_total_s=median["async_total"], ratio=ratio)
+
+
 def part1(width: int, layers: int, rounds: int, work: Path) -> None:
     import torch
 
@@ -280,19 +314,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--checksums", action="store_true", help="run only part 3, the checksum cost")
+    parser.add_argument("--async-save", action="store_true", help="run only part 4, the async-save stall")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hasten-bench-", dir=os.environ.get("HASTEN_BENCH_DIR")))
     try:
         if args.checksums:
             checksum_cost(rounds=4 if args.quick else 10, work=work)
+        elif args.async_save:
+            async_stall(rounds=4 if args.quick else 10, work=work)
         elif args.quick:
             part1(width=2048, layers=6, rounds=2, work=work)
             part2(rounds=2, work=work)
             checksum_cost(rounds=4, work=work)
+            async_stall(rounds=4, work=work)
         else:
             part1(width=4096, layers=6, rounds=6, work=work)
             part2(rounds=3, work=work)
             checksum_cost(rounds=10, work=work)
+            async_stall(rounds=10, work=work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
