@@ -166,6 +166,27 @@ def test_the_exit_rendezvous_waits_for_every_process_and_says_who_left(monkeypat
     assert watchdog.leave_together(timeout=5) is True
 
 
+def test_a_process_waiting_on_the_board_is_told_at_once_that_another_left(tmp_path):
+    import threading
+
+    from hasten.errors import CollectiveDeadlock
+    from hasten.process.board import Board
+
+    path = str(tmp_path / "words")
+    first, second = (Board(path, rank=r, world_size=2, timeout=30.0) for r in (0, 1))
+    together = threading.Thread(target=second.agree, args=(7,))
+    together.start()
+    assert first.agree(7) is None  # check 1: both were there
+    together.join()
+    second.leave()  # rank 1 is done: it writes into the slot of check 2 only
+    started = time.monotonic()
+    with pytest.raises(CollectiveDeadlock, match=rf"^rank 1 \(pid {os.getpid()} on .+\) left the script while rank 0 "
+                                                 r"waits in a collective \(check #2 of the host board\), which it will "
+                                                 r"never join$"):
+        first.agree(7)
+    assert time.monotonic() - started < 1  # at once, not after the 30 s timeout
+
+
 @pytest.mark.parametrize("value, ok", [(0.0, True), (3.0, True), (45.0, True), (1.0, False), (-5.0, False)])
 def test_liveness_timeout_is_zero_or_a_few_seconds(value, ok):
     config = LaunchConfig(liveness_timeout=value)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from ..launch_spec import EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
 from ..process.exit import exit_cleanly, exit_now, hide_frames_of, rank_label, record_failure
-from ..process import heartbeat
+from ..process import board, heartbeat
 from ..process.group import leave_process_group
 from ..process.lifetime import die_with_launcher
 
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
         run_target(target, args, module=module)
     except SystemExit as stop:
         if is_preemption(stop):  # the checkpoint is saved on every rank: leave together, quietly
+            board.mark_left()
             leave_process_group(success=True)
             exit_now(int(stop.code or 0))
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
     except BaseException as error:  # noqa: BLE001 - every failure must be reported with its rank
         record_failure(error)
         exit_now(EXIT_FAILED)
+    board.mark_left()  # a process still waiting for this one in a collective is told at once
     leave_process_group(success=True)
     if exit_when_done:
         exit_cleanly(0)
@@ -126,6 +128,7 @@ def run_function(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         # exception being handled (record_failure drops this wrapper's frames from its top).
         record_failure(error)
         exit_now(EXIT_FAILED)
+    board.mark_left(board.LEFT_REASONS.index("returned from the launched function"))
     leave_process_group(success=True, what="returned from the launched function")
     return None  # the agent pickles the return value; None always pickles
 

@@ -18,6 +18,14 @@ before they could (SIGKILL). Each start of the workers gets a new file (the laun
 directory before each of its attempts; torch's agent restarts are told
 apart by their restart count), so no stale word passes for a current one.
 
+A process that leaves the script (`mark_left`) writes a *left* word (tag
+``0xFFFFFFFF``, which no check number takes, with its pid) into the slot
+of the check it will never post: a process waiting in that check sees it
+at its next poll and raises at once, naming who left and where it waits,
+instead of polling until the group's timeout. The slot is free: every
+process finished the check that last used it before the leaving one could
+pass its own last check.
+
 The launcher's side (creating, emptying and removing the directory) is
 `hasten.launch.leftovers.shared_directory`; this module is the processes' side.
 """
@@ -28,9 +36,15 @@ import mmap
 import os
 import time
 
+from ..errors import CollectiveDeadlock
 from ..launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
+from . import watchdog
 
-__all__ = ["BOARD_DIR_ENV", "Board", "board"]
+__all__ = ["BOARD_DIR_ENV", "Board", "board", "mark_left", "LEFT_REASONS"]
+
+_LEFT = 0xFFFFFFFF  # the tag of a process that left: check numbers run 1 .. 2**32 - 2
+# What a process that left did (its code is kept in the word beside its pid).
+LEFT_REASONS = ("left the script", "returned from the launched function", "ended its process group")
 
 _SPIN = 50  # yields before the first sleep: processes that arrive together agree in microseconds
 _NAP = 50e-6  # then a poll every 50 µs (more polling only takes the CPU from the late process)
@@ -82,6 +96,8 @@ class Board:
                 os.sched_yield()  # a late process on the same core runs now; on a free core this returns at once
             else:
                 now = time.monotonic()
+                if any(word >> 32 == _LEFT for word in seen):
+                    self._left(seen)
                 if deadline is None:
                     deadline = now + self.timeout
                 elif now > deadline:
@@ -96,6 +112,28 @@ class Board:
         time.sleep(1e-3)
         signatures = [words[i] & 0xFFFFFFFF for i in others]
         return None if len(set(signatures)) == 1 else signatures
+
+    def leave(self, reason: int = 0) -> None:
+        """Tell the others this process will post no check again (`reason`: an index into `LEFT_REASONS`).
+
+        Example:
+            >>> import tempfile
+            >>> Board(os.path.join(tempfile.mkdtemp(), "b"), rank=0, world_size=1, timeout=1.0).leave()
+        """
+        following = (self._number % 0xFFFFFFFE + 1) & 1  # the slot of the next check, which nobody reads yet
+        self._words[2 * self.rank + following] = (_LEFT << 32) | (reason << 24) | (os.getpid() & 0xFFFFFF)
+
+    def _left(self, seen: list[int]) -> None:
+        import socket
+
+        host = socket.gethostname()
+        gone = [f"rank {r} (pid {word & 0xFFFFFF} on {host}) {LEFT_REASONS[min((word >> 24) & 0xFF, 2)]}"
+                for r, word in enumerate(seen) if word >> 32 == _LEFT]
+        here = watchdog.here()
+        mine = (watchdog.describe(self.rank, here) if here is not None
+                else f"rank {self.rank} waits in a collective (check #{self._number} of the host board)")
+        raise CollectiveDeadlock(f"{' and '.join(gone)} while {mine}, which "
+                                 f"{'it' if len(gone) == 1 else 'they'} will never join")
 
     def close(self) -> None:
         self._words.release()
@@ -134,3 +172,28 @@ def board() -> Board | None:
 
     _board = Board(os.path.join(directory, name), rank, world_size, group_timeout())
     return _board
+
+
+def mark_left(reason: int = 0) -> None:
+    """Post on this machine's board that this process left (see `Board.leave`); nothing without a board.
+
+    Decided from the environment alone, as `board` decides, so it works
+    after the script destroyed its process group, or before it used the board.
+
+    Example:
+        >>> mark_left()  # not launched with a board: nothing to do
+    """
+    directory = os.environ.get(BOARD_DIR_ENV)
+    rank, world_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if not directory or not rank.isdigit() or not world_size.isdigit() or int(world_size) < 2:
+        return
+    if os.environ.get("LOCAL_WORLD_SIZE") != world_size:
+        return  # several machines: no board
+    used = _board if _board is not None and _board_for == (int(rank), int(world_size)) else None
+    try:
+        if used is None:
+            name = f"restart-{os.environ.get(RESTART_COUNT_VAR, '0')}.words"
+            used = Board(os.path.join(directory, name), int(rank), int(world_size), timeout=0.0)
+        used.leave(reason)
+    except OSError:  # the launcher removed the directory: the run is over
+        pass

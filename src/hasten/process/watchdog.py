@@ -60,7 +60,7 @@ from typing import Any, Callable
 
 from ..errors import CollectiveDeadlock, CollectiveTimeout
 
-__all__ = ["waiting", "enter", "leave", "start", "running", "positions", "published", "call_site", "user_site",
+__all__ = ["waiting", "enter", "leave", "here", "start", "running", "positions", "published", "call_site", "user_site",
            "set_progress", "local_progress", "progress_of", "mark_left", "leave_together", "CollectiveDeadlock",
            "CollectiveTimeout"]
 
@@ -183,6 +183,18 @@ def enter(operation: str, depth: int = 2, counted: bool = True) -> None:
     if counted:
         _count += 1
     _current = (_count if counted else None, operation, sys._getframe(depth), time.monotonic())
+
+
+def here() -> dict[str, Any] | None:
+    """Where this process waits now in one of hasten's collectives, as published (None: in none).
+
+    Example:
+        >>> here() is None
+        True
+    """
+    current = _current
+    return None if current is None else {"kind": "hasten", "n": current[0], "op": current[1],
+                                         "site": call_site(current[2])}
 
 
 def leave() -> None:
