@@ -81,7 +81,8 @@ def shutdown_process_group(success: bool = True) -> None:
         return
     if success and not _failed:
         _finish_work_in_flight()
-        watchdog.mark_left(f"ended its process group at {watchdog.user_site(sys._getframe(1))}")
+        site = watchdog.user_site(sys._getframe(1))  # "?" at interpreter exit (atexit, under plain torchrun)
+        watchdog.mark_left("left the script" if site == "?" else f"ended its process group at {site}")
         with contextlib.suppress(Exception):
             # First a rendezvous of its own (no user's wait_for_everyone can match it, and a process that
             # waits in a collective meanwhile is reported, see watchdog), then the barrier gloo needs.
