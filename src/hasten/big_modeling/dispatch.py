@@ -19,6 +19,7 @@ from torch import nn
 
 from ..logging import get_logger
 from ..environment import parse_flag_from_env
+from ..launch_spec import INIT_INCLUDE_BUFFERS_ENV, PEER_INIT_INCLUDE_BUFFERS_ENV
 from ..objects import recursive_getattr
 from .device_map import check_device_map, get_balanced_memory, infer_auto_device_map
 from .hooks import (
@@ -53,7 +54,7 @@ _DEVICE_MAP_STRINGS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def _include_buffers_default() -> bool:
-    return parse_flag_from_env("HASTEN_INIT_INCLUDE_BUFFERS") or parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS")
+    return parse_flag_from_env(INIT_INCLUDE_BUFFERS_ENV) or parse_flag_from_env(PEER_INIT_INCLUDE_BUFFERS_ENV)
 
 
 @contextlib.contextmanager
