@@ -305,10 +305,13 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     files and broadcasts them) are as in `load_checkpoint_in_model`.
 
     Example:
+        >>> torch.save(nn.Linear(4, 2).state_dict(), "model.bin")
         >>> with init_empty_weights():
-        ...     model = MyModel()  # doctest: +SKIP
-        >>> model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
-        ...                                      max_memory={"cpu": "2GB"}, offload_folder="offload")  # doctest: +SKIP
+        ...     model = nn.Linear(4, 2)
+        >>> model = load_checkpoint_and_dispatch(model, "model.bin", device_map="auto",
+        ...                                      max_memory={"cpu": "2GB"}, offload_folder="offload")
+        >>> model.weight.device
+        device(type='cpu')
     """
     if isinstance(device_map, str):
         budgets: Any = max_memory
