@@ -68,7 +68,7 @@ def hasten_engine(stage: int, accumulation: int):
     import torch
 
     from hasten import Accelerator
-    from hasten.deepspeed_plugin import DeepSpeedPlugin
+    from hasten.utils.deepspeed import DeepSpeedPlugin
 
     plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=1.0)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation, deepspeed_plugin=plugin)

@@ -68,6 +68,18 @@ def test_unsupported_and_unknown_arguments():
         Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(), DistributedDataParallelKwargs()])
 
 
+def test_every_part_of_the_facade_gets_the_shared_values_it_declares():
+    # mypy checks the types of what each part declares; this checks that the Accelerator sets every one.
+    from hasten.facade import checkpoints, preparing, processes, runtime, trackers
+
+    parts = [processes.ProcessPart, preparing.PreparePart, checkpoints.CheckpointPart, trackers.TrackerPart,
+             runtime.RuntimePart]
+    accelerator = Accelerator(cpu=True)
+    assert all(issubclass(Accelerator, part) for part in parts)
+    assert [f"{part.__name__}.{name}" for part in parts for name in part.__annotations__
+            if not hasattr(accelerator, name)] == []
+
+
 def test_two_accelerators_keep_their_precision_and_share_the_gradient_state():
     a = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2)
     assert (a.mixed_precision, a.gradient_accumulation_steps) == ("bf16", 2)

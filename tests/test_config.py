@@ -519,3 +519,16 @@ def test_schema_defaults_are_valid_and_written_files_hold_only_schema_keys(tmp_p
 
     written = yaml.safe_load(save_config(config, tmp_path / "c.yaml").read_text())
     assert set(written) == {f.name for f in config_fields(LaunchConfig)}  # compatibility keys only when set
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_config_files_keep_the_users_umask(tmp_path, umask, mode):
+    """A config file gets the mode every file hasten writes gets (0666 less the umask), not mkstemp's 0600."""
+    code = ("import os, sys; os.umask(int(sys.argv[1], 8))\n"
+            "from hasten.config import LaunchConfig, save_config\n"
+            "from hasten.saving import save\n"
+            "save_config(LaunchConfig(), sys.argv[2] + '/c.yaml'); save_config(LaunchConfig(), sys.argv[2] + '/c.json')\n"
+            "save({'step': 1}, sys.argv[2] + '/state.pt')\n")
+    subprocess.run([sys.executable, "-c", code, oct(umask)[2:], str(tmp_path)], check=True)
+    modes = {name: (tmp_path / name).stat().st_mode & 0o777 for name in ("c.yaml", "c.json", "state.pt")}
+    assert modes == {"c.yaml": mode, "c.json": mode, "state.pt": mode}

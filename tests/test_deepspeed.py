@@ -21,7 +21,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from conftest import SCRIPTS, launch, run_with_timeout  # noqa: E402
 from hasten import Accelerator  # noqa: E402
-from hasten.deepspeed_plugin import DeepSpeedConfigError, DeepSpeedPlugin, DummyOptim, DummyScheduler  # noqa: E402
+from hasten.utils.deepspeed import DeepSpeedConfigError, DeepSpeedPlugin, DummyOptim, DummyScheduler  # noqa: E402
 
 SCRIPT = "ds_train.py"
 TOLERANCE = 1e-5

@@ -225,7 +225,7 @@ def test_plugin_from_a_peer_config_section():
 
 def test_wrap_policy_names_a_missing_class():
     from hasten import FullyShardedDataParallelPlugin
-    from hasten.strategies.fsdp import wrap_unit_filter
+    from hasten.strategies.fsdp.strategy import wrap_unit_filter
 
     with pytest.raises(ValueError, match="does not contain"):
         wrap_unit_filter(FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Nope"]), torch.nn.Linear(2, 2))

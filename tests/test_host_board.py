@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from hasten import host_board
-from hasten.host_board import Board
+from hasten.launch.leftovers import empty, shared_directory  # the launcher's side of the board
+from hasten.process import board as host_board
+from hasten.process.board import Board
 
 
 def boards(path, world_size, timeout=5.0):
@@ -78,7 +79,7 @@ def test_emptying_the_directory_keeps_a_failed_attempts_words_from_passing_for_t
         old_rank1.agree(5)  # the failed attempt left rank 1's word for check #1 behind
     new_rank0 = Board(str(tmp_path / "restart-0.words"), rank=0, world_size=2, timeout=0.2)
     assert new_rank0.agree(6) == [6, 5]  # read as current: what emptying between attempts prevents
-    host_board.empty(str(tmp_path))
+    empty(str(tmp_path))
     fresh_rank0 = Board(str(tmp_path / "restart-0.words"), rank=0, world_size=2, timeout=0.2)
     with pytest.raises(RuntimeError, match="timed out"):
         fresh_rank0.agree(6)  # waits for the new rank 1, as it must
@@ -100,7 +101,7 @@ def test_a_killed_launchers_directory_is_removed_by_the_next_launch_and_a_live_o
     for directory in (stale, live, foreign):
         directory.mkdir()
         (directory / "restart-0.words").write_bytes(b"\0" * 32)
-    with host_board.shared_directory() as path:
+    with shared_directory() as path:
         assert path.startswith(str(tmp_path / f"{prefix}{os.getpid()}-"))
         assert not stale.exists()
         assert live.exists() and foreign.exists()  # a running launcher's, and another machine's (shared /dev/shm)
@@ -108,7 +109,7 @@ def test_a_killed_launchers_directory_is_removed_by_the_next_launch_and_a_live_o
 
 def test_shared_directory_is_exported_then_removed_and_the_environment_restored(monkeypatch):
     monkeypatch.delenv(host_board.BOARD_DIR_ENV, raising=False)
-    with host_board.shared_directory() as path:
+    with shared_directory() as path:
         assert os.environ[host_board.BOARD_DIR_ENV] == path and os.path.isdir(path)
         Board(os.path.join(path, "restart-0.words"), 0, 1, 1.0).agree(1)
     assert not os.path.exists(path) and host_board.BOARD_DIR_ENV not in os.environ

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from conftest import launch_ranks
 
-from hasten.parallel import auto_split_points, expand_tp_plan, model_tp_plan, prepare_pipeline_training, prepare_pippy
-from hasten.parallel.pipeline import _split_annotations
-from hasten.parallel.tensor import apply_tensor_parallel, tp_style
+from hasten.strategies.parallel import auto_split_points, expand_tp_plan, model_tp_plan, prepare_pipeline_training, prepare_pippy
+from hasten.strategies.parallel.pipeline import _split_annotations
+from hasten.strategies.parallel.tensor import apply_tensor_parallel, tp_style
 from hasten.parallelism_config import ParallelismConfig
 
 TOLERANCE = 1e-6

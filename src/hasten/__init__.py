@@ -19,7 +19,7 @@ __version__ = "1.15.0"
 # public name -> module that defines it
 _EXPORTS = {
     "Accelerator": "accelerator",
-    "PartialState": "state",
+    "PartialState": "runtime.state",
     "ProcessTopology": "topology",
     "LaunchSpec": "launch_spec",
     "DistributedType": "options",
@@ -35,14 +35,14 @@ _EXPORTS = {
     "skip_first_batches": "data",
     "notebook_launcher": "launch.notebook",
     "debug_launcher": "launch.notebook",
-    "AcceleratorState": "state",
-    "FullyShardedDataParallelPlugin": "fsdp_plugin",
-    "DeepSpeedPlugin": "deepspeed_plugin",
-    "ParallelismConfig": "parallelism_config",
+    "AcceleratorState": "runtime.state",
+    "FullyShardedDataParallelPlugin": "strategies.fsdp.plugin",
+    "DeepSpeedPlugin": "strategies.deepspeed.plugin",
+    "ParallelismConfig": "strategies.parallel.mesh",
     "AutocastKwargs": "options",
     "DDPCommunicationHookType": "options",
-    "find_executable_batch_size": "utils.memory",
-    "synchronize_rng_states": "utils.random",
+    "find_executable_batch_size": "memory",
+    "synchronize_rng_states": "seeding",
     "load_checkpoint_in_model": "big_modeling.loading",
     "init_empty_weights": "big_modeling.dispatch",
     "init_on_device": "big_modeling.dispatch",
@@ -52,8 +52,8 @@ _EXPORTS = {
     "dispatch_model": "big_modeling.dispatch",
     "load_checkpoint_and_dispatch": "big_modeling.dispatch",
     "infer_auto_device_map": "big_modeling.device_map",
-    "prepare_pippy": "inference",
-    "is_rich_available": "utils.imports",
+    "prepare_pippy": "strategies.parallel.pipeline",
+    "is_rich_available": "availability",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -89,8 +89,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
         ProfileKwargs,
     )
     from .checkpointing.project import ProjectConfiguration
+    from .runtime.state import AcceleratorState, PartialState
     from .seeding import set_seed
     from .throughput import ThroughputMeter
-    from .state import AcceleratorState, PartialState
-    from .fsdp_plugin import FullyShardedDataParallelPlugin
+    from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from .topology import ProcessTopology

@@ -17,17 +17,16 @@ instead of a wrong result, a SIGABRT or a hang.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 import sys
 import zlib
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.distributed as dist
 
-from . import host_board, watchdog
+from .errors import CollectiveOrderMismatch, CollectiveShapeMismatch, DistributedOperationException
+from .process import board as host_board, watchdog
 
 __all__ = [
     "DistributedOperationException",
@@ -75,7 +74,7 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
         if isinstance(item, Mapping):
             applied = {key: walk(value) for key, value in item.items()}
             try:
-                return type(item)(applied)  # dict, OrderedDict, BatchEncoding-like mappings
+                return cast(Any, type(item))(applied)  # dict, OrderedDict, BatchEncoding-like mappings
             except TypeError:
                 return applied
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
@@ -108,7 +107,7 @@ def send_to_device(tensor: Any, device: torch.device | str, non_blocking: bool =
         if isinstance(tensor, Mapping):
             moved = {k: v if k in skip else send_to_device(v, device, non_blocking, skip) for k, v in tensor.items()}
             try:
-                return type(tensor)(moved)
+                return cast(Any, type(tensor))(moved)
             except TypeError:
                 return moved
         if isinstance(tensor, (list, tuple)):
@@ -126,14 +125,6 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-@functools.lru_cache(maxsize=1)
-def _debug() -> bool:
-    """Debug mode (`HASTEN_DEBUG=1` / `hasten launch --debug`), read once."""
-    from .launch_spec import LaunchSpec
-
-    return os.environ.get("HASTEN_DEBUG", "") not in ("", "0") or LaunchSpec.from_env().debug
-
-
 def _leaves(data: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     recursively_apply(lambda t: found.append(t), data)
@@ -143,31 +134,11 @@ def _leaves(data: Any) -> list[torch.Tensor]:
 def _describe(tensors: list[torch.Tensor], ignore_dim: int | None) -> tuple[Any, ...]:
     described = []
     for t in tensors:
-        shape = list(t.shape)
+        shape: list[int | str] = list(t.shape)
         if ignore_dim is not None and -t.ndim <= ignore_dim < t.ndim:
             shape[ignore_dim % t.ndim] = "*"
         described.append((tuple(shape), str(t.dtype).replace("torch.", "")))
     return tuple(described)
-
-
-class DistributedOperationException(Exception):
-    """Processes disagree about a collective (different operations, or different shapes / dtypes); the peer's name.
-
-    hasten raises it as a ValueError (shapes) or RuntimeError (operations)
-    as well, so either kind of handler catches it.
-
-    Example:
-        >>> issubclass(CollectiveShapeMismatch, (DistributedOperationException, ValueError))
-        True
-    """
-
-
-class CollectiveShapeMismatch(DistributedOperationException, ValueError):
-    """The processes are in the same collective with tensors of different shapes or dtypes."""
-
-
-class CollectiveOrderMismatch(DistributedOperationException, RuntimeError):
-    """The processes are in different collectives."""
 
 
 def check_same_everywhere(operation: str, data: Any, ignore_dim: int | None = None) -> None:
@@ -401,7 +372,7 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
         lengths = {len(v) for v in inputs.values()}
         if len(lengths) > 1:
             raise ValueError("split_between_processes needs every value of the dict to have the same length.")
-        return type(inputs)({k: split_for_process(v, index, count, apply_padding) for k, v in inputs.items()})
+        return cast(Any, type(inputs))({k: split_for_process(v, index, count, apply_padding) for k, v in inputs.items()})
     length = len(inputs)
     start, end = share_bounds(length, index, count)
     share = inputs[start:end]

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin
 
-from .fsdp_plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
-from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
+from .errors import ConfigError
+from .strategies.fsdp.plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
+from .launch_spec import CONFIG_FILE_ENV, MIXED_PRECISION_CHOICES, fp8_problem
 
 __all__ = [
     "ConfigError",
@@ -35,13 +36,8 @@ __all__ = [
     "config_fields",
 ]
 
-CONFIG_ENV_VAR = "HASTEN_CONFIG_FILE"
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 MIXED_PRECISIONS = MIXED_PRECISION_CHOICES  # spelled once, in launch_spec
-
-
-class ConfigError(ValueError):
-    """A config file or value that cannot be used; the message names it and says how to fix it."""
 
 
 def option(default: Any, help: str, choices: tuple[Any, ...] | None = None, question: str | None = None,
@@ -215,7 +211,7 @@ def check_layout(num_processes: int, num_machines: int, machine_rank: int, main_
         >>> check_layout(3, 2, 0, "10.0.0.1", None)
         Traceback (most recent call last):
         ...
-        hasten.config.ConfigError: num_processes 3 (the total across machines) is not divisible by num_machines 2; give every machine the same number of processes.
+        hasten.errors.ConfigError: num_processes 3 (the total across machines) is not divisible by num_machines 2; give every machine the same number of processes.
     """
     if num_machines < 1:
         raise ConfigError(f"num_machines must be at least 1, got {num_machines}.")
@@ -385,7 +381,7 @@ def _optional(f: dataclasses.Field) -> bool:
 
 def default_of(f: dataclasses.Field) -> Any:
     """A field's default value (calling its factory for lists and dicts)."""
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
 
 
 def to_dict(config: LaunchConfig) -> dict[str, Any]:
@@ -406,8 +402,8 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
         PosixPath('/tmp/x.yaml')
     """
     env = os.environ if env is None else env
-    if env.get(CONFIG_ENV_VAR):
-        return Path(env[CONFIG_ENV_VAR]).expanduser()
+    if env.get(CONFIG_FILE_ENV):
+        return Path(env[CONFIG_FILE_ENV]).expanduser()
     base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", os.path.expanduser("~")), ".config")
     return Path(base) / "hasten" / "default_config.yaml"
 
@@ -437,7 +433,7 @@ def load_config(path: str | os.PathLike[str] | None = None, required: bool = Fal
     (or `required=True`) is an error.
     """
     explicit = path is not None
-    path = Path(path) if explicit else default_config_path()
+    path = Path(path) if path is not None else default_config_path()
     if not path.exists():
         if explicit or required:
             raise ConfigError(f"config file {str(path)!r} does not exist; create it with `hasten config`.")
@@ -453,23 +449,24 @@ def load_config(path: str | os.PathLike[str] | None = None, required: bool = Fal
 
 
 def save_config(config: LaunchConfig, path: str | os.PathLike[str] | None = None) -> Path:
-    """Write the config atomically as YAML (JSON when the name ends in .json); returns the path."""
+    """Write the config atomically as YAML (JSON when the name ends in .json); returns the path.
+
+    The file's mode follows the umask, as for every file hasten writes.
+
+    Example:
+        >>> import tempfile
+        >>> save_config(LaunchConfig(), Path(tempfile.mkdtemp()) / "c.yaml").name
+        'c.yaml'
+    """
     import json
-    import tempfile
 
     import yaml
+
+    from .atomic import atomic_write_text
 
     path = Path(path) if path is not None else default_config_path()
     config.validate()
     data = to_dict(config)
     text = json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
     return path

@@ -81,7 +81,7 @@ class LocalSGD:
     def _sync_and_avg_model_params(self) -> None:
         import torch.distributed as dist
 
-        from . import watchdog
+        from .process import watchdog
 
         world = dist.get_world_size()
         with watchdog.waiting("LocalSGD"):

@@ -1,110 +1,17 @@
-"""The prepared optimizer: steps only on synchronising steps, through the fp16 scaler when there is one."""
+"""Accelerate's ``accelerate.optimizer`` path: names only; the code lives in `hasten.runtime.optimizer`.
+
+Example:
+    >>> import torch
+    >>> from hasten.gradient_state import GradientState
+    >>> from hasten.optimizer import AcceleratedOptimizer
+    >>> param = torch.nn.Parameter(torch.ones(1))
+    >>> opt = AcceleratedOptimizer(torch.optim.SGD([param], lr=0.1), GradientState())
+    >>> param.grad = torch.ones(1); opt.step(); param.data
+    tensor([0.9000])
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from .runtime.optimizer import AcceleratedOptimizer, OptimizerSteps
 
-import torch
-
-from .gradient_state import GradientState
-
-__all__ = ["AcceleratedOptimizer"]
-
-
-class AcceleratedOptimizer(torch.optim.Optimizer):
-    """Wraps a torch optimizer so the same loop works with accumulation and fp16.
-
-    - On an accumulation step that does not synchronise, `step()` and
-      `zero_grad()` do nothing, so gradients keep accumulating.
-    - `step()` and `zero_grad()` go through the strategy: under fp16 through
-      the GradScaler (`step_was_skipped` tells whether inf/NaN gradients
-      skipped it), under a sharded engine through the engine.
-
-    Everything else (param_groups, state, state_dict, ...) is the wrapped
-    optimizer's own.
-
-    Example:
-        >>> param = torch.nn.Parameter(torch.ones(1))
-        >>> opt = AcceleratedOptimizer(torch.optim.SGD([param], lr=0.1), GradientState())
-        >>> param.grad = torch.ones(1); opt.step(); param.data
-        tensor([0.9000])
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, strategy: Any = None) -> None:
-        # Deliberately not calling Optimizer.__init__: all state lives in the wrapped optimizer.
-        if strategy is None:
-            from .strategies import Strategy
-
-            strategy = Strategy(torch.device("cpu"))
-        self.optimizer = optimizer
-        self.gradient_state = gradient_state
-        self.strategy = strategy
-        self.scaler = strategy.precision.scaler
-        # Bound once: the strategy (and its precision) decide how a step and a zero_grad are done.
-        self._step = strategy.optimizer_step
-        self._zero_grad = strategy.zero_grad
-        self.step_was_skipped = False
-
-    # -- delegation -----------------------------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, state: Any) -> None:
-        self.optimizer.state = state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, defaults: dict[str, Any]) -> None:
-        self.optimizer.defaults = defaults
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def train(self) -> None:
-        """For optimizers with train/eval modes (schedule-free); a no-op otherwise."""
-        if hasattr(self.optimizer, "train"):
-            self.optimizer.train()
-
-    def eval(self) -> None:
-        if hasattr(self.optimizer, "eval"):
-            self.optimizer.eval()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __repr__(self) -> str:
-        return f"AcceleratedOptimizer({self.optimizer!r})"
-
-    # -- the hot path -----------------------------------------------------------
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.gradient_state.sync_gradients:
-            self._zero_grad(self.optimizer, set_to_none)
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        if not self.gradient_state.sync_gradients:
-            self.step_was_skipped = False
-            return None
-        result, self.step_was_skipped = self._step(self.optimizer, closure)
-        return result
+__all__ = ["AcceleratedOptimizer", "OptimizerSteps"]

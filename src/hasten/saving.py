@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from .atomic import atomic_write
+
 __all__ = ["save", "load", "atomic_write", "is_tensor_dict"]
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()
 
 
 def is_tensor_dict(obj: Any) -> bool:
@@ -30,30 +20,6 @@ def is_tensor_dict(obj: Any) -> bool:
         and bool(obj)
         and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
     )
-
-
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
-    """Call `write(tmp_path)` then rename onto `path`: readers never see a half-written file.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> target = pathlib.Path(tempfile.mkdtemp()) / "x.txt"
-        >>> atomic_write(target, lambda p: pathlib.Path(p).write_text("hi"))
-        >>> target.read_text()
-        'hi'
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give what open() would
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _safetensors_dict(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,11 +1,25 @@
-"""Seeding every random number generator a training run uses."""
+"""Seeding every random number generator a training run uses, and copying generator states across processes.
+
+The peer's path for these is ``accelerate.utils.random``. torch is imported on first call.
+
+Example:
+    >>> from hasten.seeding import set_seed, synchronize_rng_states
+    >>> set_seed(0)
+    >>> synchronize_rng_states(["torch"])  # one process: nothing to do
+"""
 
 from __future__ import annotations
 
 import os
 import random
+from typing import TYPE_CHECKING, Any, Callable
 
-__all__ = ["set_seed"]
+if TYPE_CHECKING:
+    import torch
+
+    from .options import RNGType
+
+__all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -39,3 +53,55 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.cuda.manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
+    """Copy one random number generator's state from process 0 to every process.
+
+    `rng_type` is "torch" (CPU), "cuda" or "generator" (then `generator`);
+    the accelerator kinds hasten has no backend for are refused.
+
+    Example:
+        >>> synchronize_rng_state("torch")
+    """
+    import torch
+    import torch.distributed as dist
+
+    from .options import RNGType
+
+    kind = RNGType(getattr(rng_type, "value", rng_type) or "torch")
+    get: Callable[[], torch.Tensor]
+    put: Callable[[torch.Tensor], Any]
+    if kind is RNGType.TORCH:
+        get, put = torch.get_rng_state, torch.set_rng_state
+    elif kind is RNGType.CUDA:
+        if not torch.cuda.is_available():
+            return
+        get, put = torch.cuda.get_rng_state, torch.cuda.set_rng_state
+    elif kind is RNGType.GENERATOR:
+        if generator is None:
+            raise ValueError("synchronize_rng_state('generator') needs the generator; pass generator=...")
+        get, put = generator.get_state, generator.set_state
+    else:
+        raise ValueError(f"synchronize_rng_state does not know rng_type={kind.value!r} in hasten; "
+                         "use 'torch', 'cuda' or 'generator'.")
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    from .collectives import broadcast_object_list
+
+    state: list[Any] = [get() if dist.get_rank() == 0 else None]
+    broadcast_object_list(state, 0)
+    put(state[0])
+
+
+def synchronize_rng_states(rng_types: list[RNGType | str], generator: torch.Generator | None = None) -> None:
+    """`synchronize_rng_state` for each of `rng_types`.
+
+    Example:
+        >>> import torch
+        >>> synchronize_rng_states(["torch", "generator"], generator=torch.Generator())
+    """
+    from .options import RNGType
+
+    for rng_type in rng_types:
+        synchronize_rng_state(RNGType(getattr(rng_type, "value", rng_type)), generator=generator)

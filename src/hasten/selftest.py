@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import traceback
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader
@@ -59,7 +59,8 @@ def _broadcast(acc: Accelerator) -> None:
 @check("data sharding")
 def _sharding(acc: Accelerator) -> None:
     size = 10 * acc.num_processes + 3
-    loader = DataLoader(list(range(size)), batch_size=2, shuffle=True)
+    numbers: Any = list(range(size))  # a list is a map-style dataset
+    loader: Any = DataLoader(numbers, batch_size=2, shuffle=True)
     saved = acc.even_batches
     acc.even_batches = False
     try:
@@ -89,7 +90,7 @@ def _gradient_sync(acc: Accelerator) -> None:
     share = slice(4 * acc.process_index, 4 * acc.process_index + 4)
     loss = torch.nn.functional.mse_loss(model(x[share].to(acc.device)), y[share].to(acc.device))
     loss.backward()
-    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])  # type: ignore[union-attr]  # after backward
     everyone = acc.gather(grads[None])
     assert torch.allclose(everyone, everyone[:1].expand_as(everyone)), "gradients differ across processes"
 
@@ -98,7 +99,7 @@ def _gradient_sync(acc: Accelerator) -> None:
 def _equivalence(acc: Accelerator) -> None:
     per_process, steps = 4, 3
     x, y = _data(per_process * acc.num_processes * steps)
-    dataset = list(zip(x, y))
+    dataset: Any = list(zip(x, y))  # a list is a map-style dataset
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, loader = acc.prepare(model, optimizer, DataLoader(dataset, batch_size=per_process))

@@ -49,6 +49,7 @@ def count_flops_per_sample(model: torch.nn.Module, example_batch: Any, training:
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    args: tuple[Any, ...]
     if isinstance(example_batch, dict):
         args, kwargs = (), example_batch
     elif isinstance(example_batch, (tuple, list)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, overload
 
 __all__ = ["ProcessTopology", "select_device", "backend_for_device", "first_slurm_host"]
 
@@ -76,7 +76,12 @@ class ProcessTopology:
         return cls()
 
 
+@overload
+def _int(env: Mapping[str, str], *names: str, default: int) -> int: ...
+@overload
+def _int(env: Mapping[str, str], *names: str, default: None = None) -> int | None: ...
 def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
+    """The first of `names` that is set (and not empty), as an integer; else `default`."""
     for name in names:
         value = env.get(name)
         if value not in (None, ""):
@@ -87,6 +92,14 @@ def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int
     return default
 
 
+def _required(env: Mapping[str, str], name: str) -> int:
+    """A variable the launcher must have set (its presence was checked), as an integer."""
+    value = _int(env, name)
+    if value is None:
+        raise ValueError(f"environment variable {name} is empty; it must be an integer.")
+    return value
+
+
 def _master(env: Mapping[str, str], default_addr: str = "127.0.0.1") -> tuple[str, int]:
     return env.get("MASTER_ADDR") or default_addr, _int(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT)
 
@@ -94,11 +107,11 @@ def _master(env: Mapping[str, str], default_addr: str = "127.0.0.1") -> tuple[st
 def _from_torchrun(env: Mapping[str, str]) -> ProcessTopology | None:
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
-    world = _int(env, "WORLD_SIZE")
+    world = _required(env, "WORLD_SIZE")
     local_world = _int(env, "LOCAL_WORLD_SIZE", default=world)
     addr, port = _master(env)
     return ProcessTopology(
-        rank=_int(env, "RANK"),
+        rank=_required(env, "RANK"),
         world_size=world,
         local_rank=_int(env, "LOCAL_RANK", default=0),
         local_world_size=local_world,
@@ -124,9 +137,9 @@ def _from_mpi(env: Mapping[str, str]) -> ProcessTopology | None:
             if local_rank_var not in env and "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
                 # `srun --mpi=pmi2` sets PMI_RANK/PMI_SIZE but no local rank: SLURM's own variables have it
                 return None
-            world = _int(env, size_var)
+            world = _required(env, size_var)
             local_world = _int(env, local_size_var, default=world)
-            rank = _int(env, rank_var)
+            rank = _required(env, rank_var)
             addr, port = _master(env)
             return ProcessTopology(
                 rank=rank,
@@ -152,7 +165,7 @@ def _from_slurm(env: Mapping[str, str]) -> ProcessTopology | None:
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     addr, port = _master(env, default_addr=first_slurm_host(nodelist) or "127.0.0.1")
     return ProcessTopology(
-        rank=_int(env, "SLURM_PROCID"),
+        rank=_required(env, "SLURM_PROCID"),
         world_size=world,
         local_rank=_int(env, "SLURM_LOCALID", default=0),
         local_world_size=max(1, world // max(1, nodes)),

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration, set_seed
-from hasten.deepspeed_plugin import DeepSpeedPlugin
+from hasten.utils.deepspeed import DeepSpeedPlugin
 from hasten.scheduler import SchedulerKwargs
 
 NUM_SAMPLES = 128

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from hasten import PartialState, host_board
+from hasten import PartialState
+from hasten.process import board as host_board
 from hasten.utils import broadcast, gather, pad_across_processes, reduce
 
 out_dir = Path(sys.argv[1])

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from hasten import PartialState
 from hasten.inference import prepare_pippy
-from hasten.parallel import prepare_pipeline_training
+from hasten.strategies.parallel import prepare_pipeline_training
 
 
 class Block(torch.nn.Module):

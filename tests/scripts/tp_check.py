@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hasten import PartialState
-from hasten.parallel import apply_tensor_parallel
+from hasten.strategies.parallel import apply_tensor_parallel
 from hasten.parallelism_config import ParallelismConfig
 
 

@@ -11,7 +11,7 @@ import logging
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -263,7 +263,8 @@ def infer_auto_device_map(
     if gpus and buffers_off_gpu and not any(budgets[g] >= used.get(g, 0) + buffers_off_gpu for g in gpus):
         warnings.warn(f"the buffers of modules on cpu/disk ({buffers_off_gpu} bytes) fit on no GPU next to its weights; "
                       "pass offload_buffers=True to offload them too.", stacklevel=2)
-    return clean_device_map(device_map) if clean_result else device_map
+    # clean_device_map merges in place, so the map stays the OrderedDict built above
+    return cast("OrderedDict[str, int | str]", clean_device_map(device_map)) if clean_result else device_map
 
 
 def get_balanced_memory(

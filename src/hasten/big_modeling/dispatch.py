@@ -12,14 +12,15 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ..logging import get_logger
-from ..utils.environment import parse_flag_from_env
-from ..utils.other import recursive_getattr
+from ..environment import parse_flag_from_env
+from ..launch_spec import INIT_INCLUDE_BUFFERS_ENV, PEER_INIT_INCLUDE_BUFFERS_ENV
+from ..objects import recursive_getattr
 from .device_map import check_device_map, get_balanced_memory, infer_auto_device_map
 from .hooks import (
     AlignDevicesHook,
@@ -53,7 +54,7 @@ _DEVICE_MAP_STRINGS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def _include_buffers_default() -> bool:
-    return parse_flag_from_env("HASTEN_INIT_INCLUDE_BUFFERS") or parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS")
+    return parse_flag_from_env(INIT_INCLUDE_BUFFERS_ENV) or parse_flag_from_env(PEER_INIT_INCLUDE_BUFFERS_ENV)
 
 
 @contextlib.contextmanager
@@ -96,7 +97,7 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
         original_parameter(module, name, param)
         if param is None:
             return
-        param = module._parameters[name]
+        param = cast(nn.Parameter, module._parameters[name])  # just registered: not None
         if param.device == device:  # already there (e.g. registered twice to tie it): keep the very same object
             return
         cls, extra = type(param), dict(param.__dict__)
@@ -111,16 +112,16 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
     def register_buffer(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
         original_buffer(module, name, tensor, persistent=persistent)
         if tensor is not None:
-            module._buffers[name] = module._buffers[name].to(device)
+            module._buffers[name] = cast(torch.Tensor, module._buffers[name]).to(device)
 
     try:
-        nn.Module.register_parameter = register_parameter
+        setattr(nn.Module, "register_parameter", register_parameter)
         if include_buffers:
-            nn.Module.register_buffer = register_buffer
+            setattr(nn.Module, "register_buffer", register_buffer)
         yield
     finally:
-        nn.Module.register_parameter = original_parameter
-        nn.Module.register_buffer = original_buffer
+        setattr(nn.Module, "register_parameter", original_parameter)
+        setattr(nn.Module, "register_buffer", original_buffer)
 
 
 def _first_parameter_device(model: nn.Module) -> torch.device:
@@ -208,7 +209,8 @@ def _guard_moves(model: nn.Module) -> None:
             setattr(model, name, guarded(getattr(model, name)))
 
 
-def dispatch_model(model: nn.Module, device_map: dict[str, int | str | torch.device], main_device: str | torch.device | None = None,
+def dispatch_model(model: nn.Module, device_map: dict[str, int | str | torch.device],
+                   main_device: int | str | torch.device | None = None,
                    state_dict: dict[str, torch.Tensor] | None = None, offload_dir: str | os.PathLike[str] | None = None,
                    offload_index: dict[str, dict] | None = None, offload_buffers: bool = False,
                    skip_keys: str | list[str] | None = None, preload_module_classes: list[str] | None = None,
@@ -241,15 +243,16 @@ def dispatch_model(model: nn.Module, device_map: dict[str, int | str | torch.dev
         if disk_modules and offload_dir is None and offload_index is None:
             raise ValueError(f"Modules {disk_modules} are mapped to 'disk' but there is neither an `offload_dir` "
                              "nor an `offload_index` to read their weights from; pass one of them.")
-        if disk_modules and offload_index is None and not os.path.isfile(os.path.join(offload_dir, "index.json")):
-            offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), disk_modules))
+        folder = cast("str | os.PathLike[str]", offload_dir)  # given whenever disk modules have no offload_index
+        if disk_modules and offload_index is None and not os.path.isfile(os.path.join(folder, "index.json")):
+            offload_state_dict(folder, extract_submodules_state_dict(model.state_dict(), disk_modules))
 
         execution_device = {name: main_device if device in ("cpu", "disk") else device for name, device in device_map.items()}
         execution_device[""] = main_device
         # CPU (and MPS's shared memory) hold "cpu" weights in place; only an accelerator offloads them.
         offloaded = ("disk",) if str(main_device) in ("cpu", "mps") else ("cpu", "disk")
         offload = {name: device in offloaded for name, device in device_map.items()}
-        save_folder = os.fspath(offload_dir) if disk_modules else None
+        save_folder = os.fspath(folder) if disk_modules else None
         if state_dict is not None or save_folder is not None or offload_index is not None:
             weights_map = OffloadedWeightsLoader(state_dict=state_dict, save_folder=save_folder, index=offload_index,
                                                  device=main_device if offload_index is not None else None)
@@ -279,7 +282,7 @@ def dispatch_model(model: nn.Module, device_map: dict[str, int | str | torch.dev
         if device == "disk":
             raise ValueError("The whole model is mapped to 'disk'; use `disk_offload` for that.")
         model.to(device)
-    model.hf_device_map = dict(device_map)
+    setattr(model, "hf_device_map", dict(device_map))  # a plain attribute (nn.Module types its own as tensors)
     return model
 
 
@@ -302,24 +305,29 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     files and broadcasts them) are as in `load_checkpoint_in_model`.
 
     Example:
+        >>> torch.save(nn.Linear(4, 2).state_dict(), "model.bin")
         >>> with init_empty_weights():
-        ...     model = MyModel()  # doctest: +SKIP
-        >>> model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
-        ...                                      max_memory={"cpu": "2GB"}, offload_folder="offload")  # doctest: +SKIP
+        ...     model = nn.Linear(4, 2)
+        >>> model = load_checkpoint_and_dispatch(model, "model.bin", device_map="auto",
+        ...                                      max_memory={"cpu": "2GB"}, offload_folder="offload")
+        >>> model.weight.device
+        device(type='cpu')
     """
     if isinstance(device_map, str):
+        budgets: Any = max_memory
         if device_map not in _DEVICE_MAP_STRINGS:
             raise ValueError(f"device_map={device_map!r} is not valid; as a string it must be one of "
                              f"{', '.join(repr(s) for s in _DEVICE_MAP_STRINGS)} (or pass a dict).")
         if device_map != "sequential":
-            max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split_module_classes,
-                                             dtype=dtype, low_zero=device_map == "balanced_low_0")
-        device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split_module_classes,
-                                           dtype=dtype, offload_buffers=offload_buffers)
+            budgets = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split_module_classes,
+                                          dtype=dtype, low_zero=device_map == "balanced_low_0")
+        device_map = cast(dict[str, int | str | torch.device], infer_auto_device_map(
+            model, max_memory=budgets, no_split_module_classes=no_split_module_classes, dtype=dtype,
+            offload_buffers=offload_buffers))
     if offload_state_dict is None and device_map is not None and "disk" in device_map.values():
         offload_state_dict = True
     load_checkpoint_in_model(model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
-                             offload_state_dict=offload_state_dict, offload_buffers=offload_buffers, strict=strict,
+                             offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
                              full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0)
     if device_map is None:
         return model

@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
 
-from ..utils.memory import clear_device_cache
-from ..utils.operations import send_to_device
+from ..collectives import send_to_device
+from ..memory import clear_device_cache
 from .offload import OffloadedWeightsLoader, PrefixedDataset
 from .sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 
@@ -98,13 +98,15 @@ class SequentialHook(ModelHook):
 
 
 def _hooked_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    hook = module._hf_hook
+    # Plain attributes add_hook_to_module set on the module (nn.Module types its attributes as tensors or modules).
+    hook = cast(ModelHook, module._hf_hook)
+    old_forward = cast(Callable[..., Any], module._old_forward)
     args, kwargs = hook.pre_forward(module, *args, **kwargs)
     if hook.no_grad:
         with torch.no_grad():
-            output = module._old_forward(*args, **kwargs)
+            output = old_forward(*args, **kwargs)
     else:
-        output = module._old_forward(*args, **kwargs)
+        output = old_forward(*args, **kwargs)
     return hook.post_forward(module, output)
 
 
@@ -129,13 +131,13 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
         # The old hook is already initialised: only the new one needs init_hook.
         # (Detaching and re-initialising it could load every offloaded weight at once.)
         module = hook.init_hook(module)
-        module._hf_hook = SequentialHook(existing, hook)
+        setattr(module, "_hf_hook", SequentialHook(existing, hook))
         return module
     # Replacing a hook keeps the forward saved by the first one (the old hook is not detached).
-    old_forward = module._old_forward if hasattr(module, "_old_forward") else module.forward
-    module._old_forward = old_forward
+    old_forward: Callable[..., Any] = getattr(module, "_old_forward") if hasattr(module, "_old_forward") else module.forward
+    setattr(module, "_old_forward", old_forward)
     module = hook.init_hook(module)
-    module._hf_hook = hook
+    setattr(module, "_hf_hook", hook)
     wrapped = functools.update_wrapper(functools.partial(_hooked_forward, module), old_forward)
     if _is_graph_module(module):
         module.__class__.forward = wrapped
@@ -209,9 +211,13 @@ class AlignDevicesHook(ModelHook):
                  io_same_device: bool = False, weights_map: Mapping | None = None, offload_buffers: bool = False,
                  place_submodules: bool = False, skip_keys: str | list[str] | None = None,
                  tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None) -> None:
-        self.execution_device, self.offload, self.io_same_device = execution_device, offload, io_same_device
-        self.weights_map, self.offload_buffers, self.place_submodules = weights_map, offload_buffers, place_submodules
-        self.skip_keys, self.tied_params_map = skip_keys, tied_params_map
+        # Any: the device is an index, a name or a torch.device; the maps are filled lazily (init_hook) and read per forward.
+        self.execution_device: Any = execution_device
+        self.offload, self.io_same_device = offload, io_same_device
+        self.weights_map: Any = weights_map
+        self.offload_buffers, self.place_submodules = offload_buffers, place_submodules
+        self.skip_keys = skip_keys
+        self.tied_params_map: Any = tied_params_map
         self.input_device: torch.device | None = None
         self.original_devices: dict[str, torch.device] = {}
         self.tied_params_names: set[str] = set()
@@ -304,10 +310,11 @@ class AlignDevicesHook(ModelHook):
 
 def _is_mapped(weights_map: Mapping, name: str) -> bool:
     """Whether `weights_map[name]` is a read-only memory-mapped ``.dat`` file (seen through any prefixes)."""
-    while isinstance(weights_map, PrefixedDataset):
-        weights_map, name = weights_map.dataset, weights_map.prefix + name
-    return (isinstance(weights_map, OffloadedWeightsLoader) and name not in weights_map.state_dict
-            and weights_map.index.get(name, {}).get("safetensors_file") is None)
+    inner: Any = weights_map
+    while isinstance(inner, PrefixedDataset):
+        inner, name = inner.dataset, inner.prefix + name
+    return (isinstance(inner, OffloadedWeightsLoader) and name not in inner.state_dict
+            and inner.index.get(name, {}).get("safetensors_file") is None)
 
 
 def attach_execution_device_hook(module: nn.Module, execution_device: int | str | torch.device,
@@ -454,7 +461,7 @@ class CpuOffload(ModelHook):
     def __init__(self, execution_device: str | int | torch.device | None = None,
                  prev_module_hook: UserCpuOffloadHook | None = None) -> None:
         self.prev_module_hook = prev_module_hook
-        self.execution_device = execution_device if execution_device is not None else _default_device()
+        self.execution_device: Any = execution_device if execution_device is not None else _default_device()
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to("cpu")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpointing.constants import (
+from .filenames import (
     SAFE_WEIGHTS_INDEX_NAME,
     SAFE_WEIGHTS_NAME,
     WEIGHTS_INDEX_NAME,
@@ -108,6 +108,7 @@ def _read_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise _damaged(file, error) from None
         return
     mapped = True
+    state: Any  # torch.load's value; checked to be a mapping below
     try:
         try:
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
@@ -122,8 +123,9 @@ def _read_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
         raise _damaged(file, error) from None
     if not isinstance(state, Mapping):
         raise ValueError(f"{file} holds a {type(state).__name__}, not a state dict of tensors.")
-    for name in list(state):
-        tensor = state.pop(name)
+    entries: Any = state  # torch.load gives a dict: emptied as it is read
+    for name in list(entries):
+        tensor = entries.pop(name)
         # mapped tensors alias the file: copy so the model never depends on (or faults on) a file that may be rewritten
         copy = tensor.clone()
         if mapped:
@@ -387,6 +389,7 @@ def load_checkpoint_in_model(
                 device = "cpu"  # buffers stay in memory; hooks move them to the execution device
             if device == "disk" or (device == "cpu" and staging is not None):
                 folder, index = (offload_folder, offload_index) if device == "disk" else (staging, staged_index)
+                assert folder is not None  # offload_folder was required above for "disk"; staging exists for "cpu"
                 tensor = tensor.to(cast or model_dtype) if tensor.is_floating_point() else tensor
                 set_module_tensor_to_device(model, name, "meta", dtype=tensor.dtype)
                 offload_weight(tensor, name, folder, index=index)
@@ -410,7 +413,7 @@ def load_checkpoint_in_model(
     _report(model, checkpoint, expected, loaded, unexpected, tied, strict)
 
 
-def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast: torch.dtype | None) -> None:
+def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast: torch.dtype | str | None) -> None:
     """Put one checkpoint tensor into the model; without a device map, fill real tensors in place.
 
     Filling in place keeps the tensor's identity (ties, optimizer references)
@@ -431,7 +434,7 @@ def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast:
     set_module_tensor_to_device(model, name, device, value=tensor, dtype=cast, clear_cache=False)
 
 
-def _fill_shard(name: str, current: Any, tensor: torch.Tensor, cast: torch.dtype | None) -> None:
+def _fill_shard(name: str, current: Any, tensor: torch.Tensor, cast: torch.dtype | str | None) -> None:
     """Copy this process's shard of the full `tensor` into the DTensor `current`, in place (FSDP keeps its references)."""
     from torch.distributed.tensor import distribute_tensor
 

@@ -106,7 +106,7 @@ def is_peft_model(model: nn.Module) -> bool:
     peft = sys.modules.get("peft")  # no object can be a PeftModel unless peft was imported: never import it here
     if peft is None:
         return False
-    from ..utils.other import extract_model_from_parallel
+    from ..unwrap import extract_model_from_parallel
 
     return isinstance(extract_model_from_parallel(model), peft.PeftModel)
 
@@ -123,9 +123,10 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     """
     if "PreTrainedModel" not in {cls.__name__ for cls in inspect.getmro(type(model))}:
         return False
-    config = getattr(model, "config", None)
+    pretrained: Any = model  # a transformers PreTrainedModel (checked above): config and embeddings accessors
+    config: Any = getattr(pretrained, "config", None)
     text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    tied_embeddings = bool(getattr(text_config, "tie_word_embeddings", False)) and model.get_output_embeddings() is not None
+    tied_embeddings = bool(getattr(text_config, "tie_word_embeddings", False)) and pretrained.get_output_embeddings() is not None
     tied_encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
     return tied_embeddings or tied_encoder_decoder or any(hasattr(module, "_tie_weights") for module in model.modules())
 
@@ -140,7 +141,8 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
         (120, (80, ['0']))
     """
     sizes = compute_module_sizes(model)
-    top = [*model.named_parameters(recurse=False), *model.named_children(), *model.named_buffers(recurse=False)]
+    top: list[tuple[str, nn.Module | torch.Tensor]] = [
+        *model.named_parameters(recurse=False), *model.named_children(), *model.named_buffers(recurse=False)]
     return sizes[""], get_max_layer_size(top, sizes, list(getattr(model, "_no_split_modules", None) or []))
 
 
@@ -356,7 +358,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     if not native_amp:
         return contextlib.nullcontext()
     from ..precision import make_precision_policy
-    from ..state import AcceleratorState
+    from ..runtime.state import AcceleratorState
 
     state = AcceleratorState()
     options = autocast_kwargs.to_kwargs() if hasattr(autocast_kwargs, "to_kwargs") else dict(autocast_kwargs or {})

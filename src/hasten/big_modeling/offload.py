@@ -118,7 +118,11 @@ def save_offload_index(index: Mapping[str, Any] | None, offload_folder: str | os
     merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     merged.update(index)
     body = json.dumps(merged, indent=2)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(body, encoding="utf-8"))
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(body, encoding="utf-8")
+
+    atomic_write(path, write)
 
 
 def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str, torch.Tensor]) -> None:

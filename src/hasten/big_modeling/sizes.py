@@ -12,8 +12,8 @@ import os
 import re
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -75,7 +75,7 @@ def dtype_byte_size(dtype: torch.dtype | str) -> float:
     if isinstance(dtype, str):
         if dtype in _ESTIMATE_DTYPES:
             return _ESTIMATE_DTYPES[dtype]
-        dtype = _to_dtype(dtype)
+        dtype = cast("torch.dtype | str", _to_dtype(dtype))  # a str other than the estimate names becomes a dtype
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype={dtype!r} is not a torch dtype or one of {sorted(_ESTIMATE_DTYPES)}.")
     if dtype == torch.bool:
@@ -172,7 +172,7 @@ def compute_module_total_buffer_size(model: nn.Module, dtype: torch.dtype | str 
     return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
 
 
-def get_max_layer_size(modules: list[tuple[str, nn.Module]], module_sizes: Mapping[str, int],
+def get_max_layer_size(modules: Sequence[tuple[str, nn.Module | torch.Tensor]], module_sizes: Mapping[str, int],
                        no_split_module_classes: list[str]) -> tuple[int, list[str]]:
     """Largest block that cannot be cut further, and the names of all blocks of that size.
 
@@ -187,7 +187,7 @@ def get_max_layer_size(modules: list[tuple[str, nn.Module]], module_sizes: Mappi
         (160, ['1'])
     """
     largest, names = 0, []
-    pending = list(modules)
+    pending: list[tuple[str, Any]] = list(modules)
     while pending:
         name, module = pending.pop(0)
         children = list(module.named_children()) if isinstance(module, nn.Module) else []
@@ -372,7 +372,7 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
     old = getattr(owner, leaf)
     if old is None:
         raise ValueError(f"{tensor_name!r} is None in the model, so there is nothing to place.")
-    table = owner._buffers if is_buffer else owner._parameters
+    table = cast(dict[str, Any], owner._buffers if is_buffer else owner._parameters)
     if tied_params_map is not None:
         for source in (value, old):
             # meta tensors all have pointer 0, so they never identify a tied weight
@@ -403,15 +403,15 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
         elif new is not old:
             grad = old.requires_grad and (new.is_floating_point() or new.is_complex())
             try:
-                owner._parameters[leaf] = type(old)(new, requires_grad=grad)
+                owner._parameters[leaf] = cast(nn.Parameter, type(old)(new, requires_grad=grad))
             except TypeError:  # a Parameter subclass with another constructor
                 owner._parameters[leaf] = nn.Parameter(new, requires_grad=grad)
     if tied_params_map is not None:
         for source in (old, value):
             if source is not None and not source.is_meta and source.data_ptr() in tied_params_map:
-                tied_params_map[source.data_ptr()].setdefault(device, table[leaf])
+                tied_params_map[source.data_ptr()].setdefault(device, cast(torch.Tensor, table[leaf]))
                 break
     if clear_cache and target.type not in ("cpu", "meta"):
-        from ..utils.memory import clear_device_cache  # not at the top: hasten.utils imports this package
+        from ..memory import clear_device_cache
 
         clear_device_cache()

@@ -5,12 +5,15 @@
 - `commit.py`: staging, fsync, manifest last, atomic rename; checks before loading.
 - `state.py`: what a checkpoint holds; what saving and loading share (names, formats, agreement, reading pickles).
 - `save.py`: saving, by every process together or by the main process alone (`handshake.py` finds out which).
-- `load.py`: read and check everything, agree, then apply; `foreign.py`: folders written by Accelerate itself.
+- `load.py`: read and check everything, agree, then apply; `foreign.py`: folders written by Accelerate itself;
+  `contents.py`: what both read into, and their checks.
 - `jsonable.py`: loader positions as JSON in the manifest (so the files are Accelerate's, plus the manifest).
 - `rng.py`: every RNG of a process as weights_only-loadable values.
 - `model_files.py`: `save_model`'s sharded safetensors + index (`load_checkpoint_in_model`, from `big_modeling.loading`).
-- `preemption.py`: signals -> an agreed checkpoint at a batch boundary; progress for restarts.
-- `api.py`: the `Accelerator` methods.
+- `saveset.py`: `SaveSet`, the plain value saving and loading are handed (what to save, who saves, the strategy's seam).
+- `preemption.py`: signals -> an agreed checkpoint at a batch boundary (through a save callback); progress for restarts.
+
+This layer never imports the `Accelerator`: its checkpoint methods (`hasten.facade.checkpoints`) build a `SaveSet`.
 
 Example:
     >>> from hasten.checkpointing import ProjectConfiguration, SAFE_WEIGHTS_NAME

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import CheckpointError
 from .constants import MANIFEST_NAME
 
 __all__ = [
@@ -35,10 +36,6 @@ __all__ = [
 
 FORMAT = "hasten-checkpoint"
 VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint on disk that cannot be used (missing, partial, damaged, or not matching this run)."""
 
 
 def staging_path(target: Path) -> Path:

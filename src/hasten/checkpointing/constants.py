@@ -1,13 +1,17 @@
 """File names inside a checkpoint directory: Accelerate's, so scripts and tools that look for them find them."""
 
-MODEL_NAME = "pytorch_model"
-SAFE_MODEL_NAME = "model"
-WEIGHTS_NAME = f"{MODEL_NAME}.bin"
-SAFE_WEIGHTS_NAME = f"{SAFE_MODEL_NAME}.safetensors"
-WEIGHTS_INDEX_NAME = f"{WEIGHTS_NAME}.index.json"
-SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
-WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"
-SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
+# The model's weight files: named once with the code that reads them (big_modeling).
+from ..big_modeling.filenames import (
+    MODEL_NAME,
+    SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+)
+
 OPTIMIZER_NAME = "optimizer"
 SCHEDULER_NAME = "scheduler"
 SAMPLER_NAME = "sampler"

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -46,12 +46,10 @@ from .constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
-from .load import CheckpointContents, ReadOptions, check_model, check_optimizer
+from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer
 from .model_files import read_weights_file
+from .saveset import SaveSet
 from .state import indexed_name, needs_every_process
-
-if TYPE_CHECKING:
-    from ..accelerator import Accelerator
 
 __all__ = ["read_accelerate_checkpoint", "rng_from_accelerate"]
 
@@ -97,10 +95,10 @@ def _model_file(path: Path, index: int) -> str:
                           f"for model {index}; prepare the same models as the run that saved it.")
 
 
-def read_accelerate_checkpoint(accelerator: "Accelerator", path: Path, models: list[Any],
+def read_accelerate_checkpoint(saveset: SaveSet, path: Path, models: list[Any],
                                options: ReadOptions) -> CheckpointContents:
     """Read and check a folder written by Accelerate's `save_state`; nothing in memory is changed."""
-    strategy = accelerator.strategy
+    strategy = saveset.engine
     if needs_every_process(strategy):
         raise CheckpointError(
             f"{path} was written by Accelerate (it has no hasten manifest); hasten reads Accelerate's checkpoints for "
@@ -124,32 +122,32 @@ def read_accelerate_checkpoint(accelerator: "Accelerator", path: Path, models: l
             raise CheckpointError(f"{name} in {path} cannot be read ({error}); the checkpoint is damaged.") from None
         check_model(name, saved, strategy.model_state_dict_shapes(model))
         contents.models.append((model, saved))
-    for i, optimizer in enumerate(accelerator._optimizers):
+    for i, optimizer in enumerate(saveset.optimizers):
         name = indexed_name(f"{OPTIMIZER_NAME}.bin", i)
         saved = options.read(path, name)
         check_optimizer(name, saved, optimizer)
         contents.optimizers.append(saved)
     contents.schedulers = [options.read(path, indexed_name(f"{SCHEDULER_NAME}.bin", i))
-                           for i in range(len(accelerator._schedulers))]
+                           for i in range(len(saveset.schedulers))]
     unread = sorted(n for n in entries if n.startswith(("dl_state_dict", SAMPLER_NAME)))
-    if unread and accelerator._dataloaders:
+    if unread and saveset.dataloaders:
         manifest["notes"].append(
             f"{', '.join(unread)} in {path} (Accelerate's loader state) is not read: the data loaders start where they "
             "are; skip the batches already seen with accelerator.skip_first_batches(loader, n)."
         )
-    if accelerator.scaler is not None:
+    if saveset.scaler is not None:
         if SCALER_NAME not in entries:
             raise CheckpointError(f"{path} has no {SCALER_NAME}, but this run scales fp16 gradients; load it in a run "
                                   "with the same mixed_precision.")
         contents.scaler = options.read(path, SCALER_NAME)
     custom = sorted(n for n in entries if _CUSTOM.match(n))
-    if len(custom) != len(accelerator._custom_objects):
+    if len(custom) != len(saveset.custom):
         raise CheckpointError(
             f"{path} holds {len(custom)} registered objects ({CUSTOM_STATE_NAME}_N.pkl) but this run registered "
-            f"{len(accelerator._custom_objects)}; register the same objects, in the same order, as the run that saved it."
+            f"{len(saveset.custom)}; register the same objects, in the same order, as the run that saved it."
         )
     contents.custom = [options.read(path, f"{CUSTOM_STATE_NAME}_{i}.pkl") for i in range(len(custom))]
-    rng_name = f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl"
+    rng_name = f"{RNG_STATE_NAME}_{saveset.process.rank}.pkl"
     if rng_name in entries:
         states = options.read(path, rng_name)
         try:

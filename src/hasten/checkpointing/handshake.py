@@ -13,8 +13,8 @@ are not. The rendezvous store answers instead:
 - the main process waits, for each other process, until it has either
   arrived, or shows it is not coming, as published by its watchdog: it
   took a training batch the main process has not taken yet (it went past
-  this save; `hasten.watchdog.progress_of`), or it is blocked in a
-  collective *after* this save began (`hasten.watchdog.positions`) — a
+  this save; `hasten.process.watchdog.progress_of`), or it is blocked in a
+  collective *after* this save began (`hasten.process.watchdog.positions`) — a
   process waiting for the main process cannot be coming. Its arrival slot
   is then marked refused (an atomic compare-and-set, so an arrival and a
   refusal cannot both win), and the main process saves alone.
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import watchdog
+from ..process import watchdog
 
 __all__ = ["Decision", "decide", "join", "answer", "GRACE_WITHOUT_WATCHDOG"]
 

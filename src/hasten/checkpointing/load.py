@@ -4,16 +4,13 @@ Every process reads what it needs (files, sizes, keys, shapes, counts),
 every process learns whether all of them succeeded, and only then are the
 live objects changed — so a bad checkpoint leaves the run as it was. A
 folder written by Accelerate itself (no hasten manifest) is read by
-`foreign.py` into the same `CheckpointContents`.
+`foreign.py` into the same `CheckpointContents` (`contents.py`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
-
-import torch
+from typing import Any, Callable
 
 from .commit import CheckpointError, check_files, is_checkpoint, read_manifest, resolve_complete
 from .constants import (
@@ -27,54 +24,17 @@ from .constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
+from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer
+from .foreign import read_accelerate_checkpoint
 from .jsonable import decode
 from .model_files import read_weights_file
-from .project import checkpoints_root, latest_checkpoint
-from .rng import restore_rng_state
-from .state import SHARDED_FORMAT, agree, all_gather, barrier, indexed_name, model_format, read_pickle
+from .project import ProjectConfiguration, checkpoints_root, latest_checkpoint
+from .saveset import SaveSet
+from .state import SHARDED_FORMAT, agree, all_gather, barrier, indexed_name, model_format
 
-if TYPE_CHECKING:
-    from ..accelerator import Accelerator
-
-__all__ = ["load_checkpoint", "read_checkpoint", "apply_checkpoint", "resolve_load_dir", "CheckpointContents",
-           "check_model", "check_optimizer"]
+__all__ = ["load_checkpoint", "read_checkpoint", "apply_checkpoint", "resolve_load_dir"]
 
 _OP = "load_state"
-
-
-@dataclass
-class CheckpointContents:
-    """Everything read from a checkpoint, checked, and not yet applied."""
-
-    path: Path
-    manifest: dict[str, Any]
-    models: list[tuple[Any, dict[str, torch.Tensor]]] = field(default_factory=list)
-    optimizers: list[dict[str, Any]] = field(default_factory=list)
-    schedulers: list[dict[str, Any]] = field(default_factory=list)
-    dataloaders: list[dict[str, Any]] = field(default_factory=list)
-    scaler: dict[str, Any] | None = None
-    custom: list[dict[str, Any]] = field(default_factory=list)
-    rng: dict[str, Any] | None = None
-    gradients: dict[str, torch.Tensor] = field(default_factory=dict)
-    sharded: Any = None  # what a sharded strategy read (its own files), not yet applied
-    foreign: bool = False  # written by Accelerate
-
-
-@dataclass
-class ReadOptions:
-    """How pickled files are read: ``weights_only`` unless trusted, plus torch.load's other arguments."""
-
-    trust: bool = False
-    load_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_load_kwargs(cls, load_kwargs: dict[str, Any] | None) -> "ReadOptions":
-        extra = dict(load_kwargs or {})
-        extra.pop("map_location", None)  # hasten reads to the CPU and copies into place
-        return cls(trust=extra.pop("weights_only", True) is False, load_kwargs=extra)
-
-    def read(self, path: Path, name: str) -> Any:
-        return read_pickle(path, name, self.trust, **self.load_kwargs)
 
 
 def _check_count(manifest: dict[str, Any], what: str, now: int) -> None:
@@ -86,47 +46,10 @@ def _check_count(manifest: dict[str, Any], what: str, now: int) -> None:
         )
 
 
-def check_model(name: str, saved: dict[str, torch.Tensor], expected: dict[str, Any]) -> None:
-    """Same keys and shapes as the model, or one error naming the first differences."""
-    missing = [k for k in expected if k not in saved]
-    unexpected = [k for k in saved if k not in expected]
-    if missing or unexpected:
-        raise CheckpointError(f"{name} does not fit the model: missing keys {missing[:4]}, unexpected keys {unexpected[:4]}.")
-    for key, tensor in saved.items():
-        if tensor.shape != expected[key].shape:
-            raise CheckpointError(
-                f"{name} does not fit the model: {key} has shape {tuple(tensor.shape)} in the checkpoint "
-                f"but {tuple(expected[key].shape)} in the model."
-            )
-
-
-def check_optimizer(name: str, saved: dict[str, Any], optimizer: Any) -> None:
-    """Same parameter groups and state shapes as the optimizer, or one error."""
-    groups = optimizer.param_groups
-    saved_groups = saved.get("param_groups", [])
-    if len(saved_groups) != len(groups) or any(len(a["params"]) != len(b["params"]) for a, b in zip(saved_groups, groups)):
-        sizes = [len(g["params"]) for g in saved_groups], [len(g["params"]) for g in groups]
-        raise CheckpointError(
-            f"{name} does not fit the optimizer: parameter groups of sizes {sizes[0]} in the checkpoint, {sizes[1]} now."
-        )
-    params = [p for g in groups for p in g["params"]]
-    ids = [i for g in saved_groups for i in g["params"]]
-    by_id = dict(zip(ids, params))
-    for index, entry in saved.get("state", {}).items():
-        param = by_id.get(index)
-        for key, value in entry.items():
-            if param is not None and isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
-                raise CheckpointError(
-                    f"{name} does not fit the optimizer: state {key!r} has shape {tuple(value.shape)} "
-                    f"for a parameter of shape {tuple(param.shape)}."
-                )
-
-
-def resolve_load_dir(accelerator: "Accelerator", input_dir: str | None) -> Path | None:
+def resolve_load_dir(config: ProjectConfiguration, input_dir: str | None) -> Path | None:
     """The checkpoint `load_state` would load: the given one, else the newest complete automatic one (None if none yet)."""
     if input_dir is not None:
         return resolve_complete(Path(input_dir).expanduser())
-    config = accelerator.project_configuration
     if not config.automatic_checkpoint_naming:
         raise ValueError(
             "load_state() needs a directory: pass load_state(input_dir) or create the Accelerator with "
@@ -135,25 +58,23 @@ def resolve_load_dir(accelerator: "Accelerator", input_dir: str | None) -> Path 
     return latest_checkpoint(checkpoints_root(config))
 
 
-def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bool,
+def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
                     options: ReadOptions | None = None) -> CheckpointContents:
     """Read and check everything this process needs from `path`; nothing in memory is changed."""
     options = options or ReadOptions()
-    models = list(accelerator._models)
-    for hook in accelerator._load_state_pre_hooks.values():
+    models = list(saveset.models)
+    for hook in saveset.load_pre_hooks:
         hook(models, str(path))  # a hook may pop models it loads itself (e.g. from_pretrained)
     if not is_checkpoint(path):
-        from .foreign import read_accelerate_checkpoint
-
-        return read_accelerate_checkpoint(accelerator, path, models, options)
+        return read_accelerate_checkpoint(saveset, path, models, options)
     manifest = read_manifest(path)
     contents = CheckpointContents(path=path, manifest=manifest)
-    strategy = accelerator.strategy
+    strategy = saveset.engine
     _check_count(manifest, "models", len(models))
-    _check_count(manifest, "optimizers", len(accelerator._optimizers))
-    _check_count(manifest, "schedulers", len(accelerator._schedulers))
-    _check_count(manifest, "dataloaders", len(accelerator._dataloaders))
-    _check_count(manifest, "custom", len(accelerator._custom_objects))
+    _check_count(manifest, "optimizers", len(saveset.optimizers))
+    _check_count(manifest, "schedulers", len(saveset.schedulers))
+    _check_count(manifest, "dataloaders", len(saveset.dataloaders))
+    _check_count(manifest, "custom", len(saveset.custom))
     saved_format = manifest["contents"].get("model_format", "safetensors")
     sharded = saved_format.startswith(SHARDED_FORMAT)
     if sharded and saved_format != model_format(strategy, True):
@@ -164,19 +85,19 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
     model_base = SAFE_WEIGHTS_NAME if saved_format == "safetensors" else WEIGHTS_NAME
     legacy_samplers = "dataloaders" not in manifest  # older hasten checkpoints kept loader positions in sampler.bin
     names = [] if sharded else [indexed_name(model_base, i) for i in range(len(models))]
-    names += [] if sharded else [indexed_name(f"{OPTIMIZER_NAME}.bin", i) for i in range(len(accelerator._optimizers))]
-    names += [indexed_name(f"{SCHEDULER_NAME}.bin", i) for i in range(len(accelerator._schedulers))]
+    names += [] if sharded else [indexed_name(f"{OPTIMIZER_NAME}.bin", i) for i in range(len(saveset.optimizers))]
+    names += [indexed_name(f"{SCHEDULER_NAME}.bin", i) for i in range(len(saveset.schedulers))]
     if legacy_samplers:
-        names += [indexed_name(f"{SAMPLER_NAME}.bin", i) for i in range(len(accelerator._dataloaders))]
-    names += [f"{CUSTOM_STATE_NAME}_{i}.pkl" for i in range(len(accelerator._custom_objects))]
-    if accelerator.scaler is not None and manifest["contents"].get("scaler"):
+        names += [indexed_name(f"{SAMPLER_NAME}.bin", i) for i in range(len(saveset.dataloaders))]
+    names += [f"{CUSTOM_STATE_NAME}_{i}.pkl" for i in range(len(saveset.custom))]
+    if saveset.scaler is not None and manifest["contents"].get("scaler"):
         names.append(SCALER_NAME)
     check_files(path, manifest, names)
 
     if sharded:  # every file any process wrote must be whole before any process reads its part
         check_files(path, manifest, list(manifest["files"]))
         try:
-            contents.sharded = strategy.read_checkpoint_files(path, models, accelerator._optimizers)
+            contents.sharded = strategy.read_checkpoint_files(path, models, saveset.optimizers)
         except CheckpointError:
             raise
         except Exception as error:  # noqa: BLE001 - a damaged or mismatched shard: say which
@@ -189,14 +110,14 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
             raise CheckpointError(f"{name} in {path} cannot be read ({error}); the checkpoint is damaged.") from None
         check_model(name, saved, strategy.model_state_dict_shapes(model))
         contents.models.append((model, saved))
-    for i, optimizer in enumerate([] if sharded else accelerator._optimizers):
+    for i, optimizer in enumerate([] if sharded else saveset.optimizers):
         name = indexed_name(f"{OPTIMIZER_NAME}.bin", i)
         saved = options.read(path, name)
         check_optimizer(name, saved, optimizer)
         contents.optimizers.append(saved)
     contents.schedulers = [options.read(path, indexed_name(f"{SCHEDULER_NAME}.bin", i))
-                           for i in range(len(accelerator._schedulers))]
-    for i, loader in enumerate(accelerator._dataloaders):
+                           for i in range(len(saveset.schedulers))]
+    for i, loader in enumerate(saveset.dataloaders):
         saved = (options.read(path, indexed_name(f"{SAMPLER_NAME}.bin", i)) if legacy_samplers
                  else decode(manifest["dataloaders"][i]))
         try:  # the checks load_state_dict would fail on, made now, before anything changes
@@ -209,8 +130,8 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
         contents.dataloaders.append(saved)
     if SCALER_NAME in names:
         contents.scaler = options.read(path, SCALER_NAME)
-    contents.custom = [options.read(path, f"{CUSTOM_STATE_NAME}_{i}.pkl") for i in range(len(accelerator._custom_objects))]
-    grads_name = f"{GRADIENTS_NAME}_{accelerator.process_index}.safetensors"
+    contents.custom = [options.read(path, f"{CUSTOM_STATE_NAME}_{i}.pkl") for i in range(len(saveset.custom))]
+    grads_name = f"{GRADIENTS_NAME}_{saveset.process.rank}.safetensors"
     if grads_name in manifest["files"]:
         check_files(path, manifest, [grads_name])
         contents.gradients = read_weights_file(path / grads_name)
@@ -219,16 +140,16 @@ def read_checkpoint(accelerator: "Accelerator", path: Path, restore_position: bo
             for key, grad in contents.gradients.items():
                 if key.startswith(f"{i}.") and (key not in shapes or shapes[key].shape != grad.shape):
                     raise CheckpointError(f"{grads_name} does not fit model {i}: {key} has no parameter of that shape.")
-    rng_name = f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl"
+    rng_name = f"{RNG_STATE_NAME}_{saveset.process.rank}.pkl"
     if (path / rng_name).is_file():
         check_files(path, manifest, [rng_name])
         contents.rng = options.read(path, rng_name)
     return contents
 
 
-def apply_checkpoint(accelerator: "Accelerator", contents: CheckpointContents) -> None:
+def apply_checkpoint(saveset: SaveSet, contents: CheckpointContents) -> None:
     """Put checked contents into the live objects (after every process agreed they are fine)."""
-    strategy = accelerator.strategy
+    strategy = saveset.engine
     if contents.sharded is not None:
         strategy.apply_checkpoint_files(contents.sharded)
     for model, saved in contents.models:
@@ -236,42 +157,42 @@ def apply_checkpoint(accelerator: "Accelerator", contents: CheckpointContents) -
     saved_by = contents.manifest.get("saved_by")
     # Gradients saved mid-accumulation are this process's own; Accelerate saves none, nor does a main-only save
     # for the other processes: those keep theirs.
-    if not contents.foreign and (saved_by is None or accelerator.process_index in saved_by):
-        for i, model in enumerate(accelerator._models):
+    if not contents.foreign and (saved_by is None or saveset.process.rank in saved_by):
+        for i, model in enumerate(saveset.models):
             prefix = f"{i}."
             strategy.load_model_gradients(model, {k[len(prefix):]: v for k, v in contents.gradients.items()
                                                   if k.startswith(prefix)})
-    for optimizer, saved in zip(accelerator._optimizers, contents.optimizers):
+    for optimizer, saved in zip(saveset.optimizers, contents.optimizers):
         strategy.load_optimizer_state_dict(optimizer, saved)
-    for scheduler, saved in zip(accelerator._schedulers, contents.schedulers):
+    for scheduler, saved in zip(saveset.schedulers, contents.schedulers):
         scheduler.load_state_dict(saved)
-    for loader, saved in zip(accelerator._dataloaders, contents.dataloaders):
-        loader.load_state_dict(saved, restore_position=accelerator.use_stateful_dataloader)
-    if contents.scaler is not None:
-        accelerator.scaler.load_state_dict(contents.scaler)
-    for obj, saved in zip(accelerator._custom_objects, contents.custom):
+    for loader, saved in zip(saveset.dataloaders, contents.dataloaders):
+        loader.load_state_dict(saved, restore_position=saveset.restore_position)
+    if contents.scaler is not None and saveset.scaler is not None:  # read only when this run scales
+        saveset.scaler.load_state_dict(contents.scaler)
+    for obj, saved in zip(saveset.custom, contents.custom):
         obj.load_state_dict(saved)
     if contents.rng is not None:
-        restore_rng_state(contents.rng)
+        saveset.restore_rng(contents.rng)
     step = contents.rng.get("step") if contents.foreign and contents.rng else contents.manifest.get("step")
     if step is not None:
-        accelerator.gradient_state.step = int(step)
+        saveset.counter.step = int(step)
     iteration = contents.manifest.get("iteration")
-    if iteration is not None and accelerator.project_configuration.automatic_checkpoint_naming:
-        accelerator.project_configuration.iteration = iteration + 1
+    if iteration is not None and saveset.project.automatic_checkpoint_naming:
+        saveset.project.iteration = iteration + 1
 
 
-def load_checkpoint(accelerator: "Accelerator", input_dir: str | None = None,
+def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
                     on_missing_rng: Callable[[str], None] | None = None,
                     load_kwargs: dict[str, Any] | None = None) -> Path | None:
-    """Check, agree, then restore everything; returns the checkpoint loaded (None: automatic naming, none yet)."""
-    n = accelerator.num_processes
+    """Check, agree, then restore everything in `saveset`; returns the checkpoint loaded (None: automatic naming, none yet)."""
+    n = saveset.process.world
     options = ReadOptions.from_load_kwargs(load_kwargs)
     error, contents, path = None, None, None
     try:
-        path = resolve_load_dir(accelerator, input_dir)
+        path = resolve_load_dir(saveset.project, input_dir)
         if path is not None:
-            contents = read_checkpoint(accelerator, path, accelerator.use_stateful_dataloader, options)
+            contents = read_checkpoint(saveset, path, saveset.restore_position, options)
     except CheckpointError as failure:
         error = str(failure)
     agree(error, n, _OP)
@@ -281,15 +202,15 @@ def load_checkpoint(accelerator: "Accelerator", input_dir: str | None = None,
                               "or pass the same input_dir on every process.")
     if contents is None:
         return None
-    if on_missing_rng is not None and accelerator.is_main_process:
+    if on_missing_rng is not None and saveset.process.is_main:
         for note in contents.manifest.get("notes", []):
             on_missing_rng(note)
     if contents.rng is None and on_missing_rng is not None:
         saved_by = contents.manifest.get("saved_by")
         who = ("the main process alone" if saved_by == [0] else
                f"processes {saved_by}" if saved_by is not None else f"{contents.manifest.get('num_processes')} processes")
-        on_missing_rng(f"{contents.path} has no RNG state for process {accelerator.process_index} (it was saved by "
+        on_missing_rng(f"{contents.path} has no RNG state for process {saveset.process.rank} (it was saved by "
                        f"{who}); this process keeps its own random state.")
-    apply_checkpoint(accelerator, contents)
+    apply_checkpoint(saveset, contents)
     barrier(n, _OP)
     return contents.path

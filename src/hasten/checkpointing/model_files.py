@@ -76,7 +76,10 @@ def write_model_files(state: Mapping[str, torch.Tensor], directory: str | os.Pat
     weight_map = {key: name for name, shard in zip(names, shards) for key in shard}
     total = sum(t.numel() * t.element_size() for t in state.values())
     body = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True)
-    atomic_write(index, lambda tmp: Path(tmp).write_text(body))
+    def write_index(tmp: str) -> None:
+        Path(tmp).write_text(body)
+
+    atomic_write(index, write_index)
     return [*names, index_name]
 
 

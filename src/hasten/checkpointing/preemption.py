@@ -27,17 +27,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..launch_spec import EXIT_PREEMPTED, PREEMPTION_RECORD_ENV as RECORD_ENV, PROGRESS_FILE_ENV as PROGRESS_ENV
 
 if TYPE_CHECKING:
-    from ..accelerator import Accelerator
     from ..data import PreparedDataLoader
+    from ..gradient_state import GradientState
+    from .saveset import ProcessFacts
 
 __all__ = ["EXIT_PREEMPTED", "Preempted", "BoundaryWatch", "RECORD_ENV", "PROGRESS_ENV", "PREEMPTION_SIGNALS"]
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early and resumes when started again
-RECORD_ENV = "HASTEN_PREEMPTION_RECORD"
-PROGRESS_ENV = "HASTEN_PROGRESS_FILE"
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _CHECK_EVERY_SECONDS = 1.0
 
@@ -62,17 +62,24 @@ class Preempted(SystemExit):
 class BoundaryWatch:
     """The `GradientState.boundary_hook`: progress report and preemption agreement (see module doc).
 
+    `save` writes the preemption checkpoint (every process calls it at the
+    same boundary) and returns its path; `install` hooks the watch into the
+    gradient state when it has something to do.
+
     Example:
-        >>> from hasten import Accelerator
-        >>> watch = BoundaryWatch(Accelerator(cpu=True), preemption=False, progress_file=None)
+        >>> from hasten.checkpointing.saveset import ProcessFacts
+        >>> watch = BoundaryWatch(save=lambda: "ckpt", process=ProcessFacts.alone(), preemption=False,
+        ...                       progress_file=None)
         >>> watch.active
         False
     """
 
-    def __init__(self, accelerator: "Accelerator", preemption: bool, progress_file: str | None) -> None:
-        self.accelerator = accelerator
-        self.num_processes = accelerator.num_processes
-        self.progress_file = progress_file if accelerator.is_main_process else None
+    def __init__(self, save: Callable[[], str], process: "ProcessFacts", preemption: bool, progress_file: str | None) -> None:
+        self.save = save
+        self.num_processes = process.world
+        self.is_main = process.is_main
+        self.progress_file = progress_file if process.is_main else None
+        self._hooked: GradientState | None = None
         self.preemption = preemption and threading.current_thread() is threading.main_thread()
         self.requested: int | None = None  # the signal received on this process
         self.armed = False  # a training batch was handed out: a signal now means "checkpoint"
@@ -91,6 +98,11 @@ class BoundaryWatch:
     @property
     def active(self) -> bool:
         return self.preemption or self.progress_file is not None
+
+    def install(self, gradient_state: "GradientState") -> None:
+        """Be `gradient_state`'s boundary hook while there is something to do (else leave the hot path empty)."""
+        gradient_state.boundary_hook = self if self.active else None
+        self._hooked = gradient_state
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         if not self.armed:  # nothing to save yet: do what the signal did before hasten
@@ -120,8 +132,8 @@ class BoundaryWatch:
                     self._preempt(loader, self.requested)
             elif self.boundaries >= self._next_check:
                 self._check(loader)
-        elif self.progress_file is None:
-            self.accelerator.gradient_state.boundary_hook = None  # nothing left to do: free the hot path
+        elif self.progress_file is None and self._hooked is not None:
+            self._hooked.boundary_hook = None  # nothing left to do: free the hot path
 
     def _check(self, loader: "PreparedDataLoader") -> None:
         import torch
@@ -140,9 +152,9 @@ class BoundaryWatch:
 
     def _preempt(self, loader: "PreparedDataLoader", signum: int) -> None:
         self.close()
-        path = self.accelerator.save_state()
+        path = self.save()
         stop = Preempted(str(path), signal.Signals(signum).name, loader.cursor.epoch, loader.cursor.yielded)
-        if self.accelerator.is_main_process:
+        if self.is_main:
             record = os.environ.get(RECORD_ENV)
             if record:
                 Path(record).write_text(json.dumps({"message": stop.describe(), "checkpoint": str(path)}))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ def capture_rng_state() -> dict[str, Any]:
         >>> restore_rng_state(state); bool(torch.rand(1) == first)
         True
     """
-    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    kind, keys, position, has_gauss, gauss = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     state: dict[str, Any] = {
         "random_state": random.getstate(),
         # ndarray is not a weights_only type: keep its numbers in a tensor

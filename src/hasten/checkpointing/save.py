@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -40,12 +40,9 @@ from .constants import (
 )
 from .jsonable import encode
 from .model_files import write_weights
-from .project import checkpoints_root, rotate_checkpoints
-from .rng import capture_rng_state
+from .project import ProjectConfiguration, checkpoints_root, rotate_checkpoints
+from .saveset import CheckpointEngine, SaveSet
 from .state import agree, all_gather, barrier, indexed_name, model_format, needs_every_process
-
-if TYPE_CHECKING:
-    from ..accelerator import Accelerator
 
 __all__ = ["save_checkpoint", "target_dir"]
 
@@ -54,9 +51,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _ENGINES = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}
 
 
-def target_dir(accelerator: "Accelerator", output_dir: str | None) -> tuple[Path, bool]:
+def target_dir(config: ProjectConfiguration, output_dir: str | None) -> tuple[Path, bool]:
     """Where to save, and whether it is an automatic (rotated) checkpoint."""
-    config = accelerator.project_configuration
     if output_dir is not None:
         return Path(output_dir), False
     if not config.automatic_checkpoint_naming:
@@ -73,43 +69,44 @@ def target_dir(accelerator: "Accelerator", output_dir: str | None) -> tuple[Path
     return target, True
 
 
-def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, safe_serialization: bool = True) -> Path:
-    """Write a complete, atomically published checkpoint; returns its path (see the module doc for who writes what)."""
-    state = accelerator.state
-    n = state.num_processes
+def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serialization: bool = True) -> Path:
+    """Write a complete, atomically published checkpoint of `saveset`; returns its path (see the module doc for who writes what)."""
+    process = saveset.process
+    n = process.world
     if n == 1:
-        return _save(accelerator, *target_dir(accelerator, output_dir), safe_serialization, together=False)
+        return _save(saveset, *target_dir(saveset.project, output_dir), safe_serialization, together=False)
     # Which save this is: the directory, and the script's lines that called save_state (see handshake.decide).
-    request = {"dir": None if output_dir is None else os.path.abspath(output_dir), "site": _user_stack()}
-    if not state.is_main_process:
-        reply = handshake.join(state.process_index, request)
+    site = _user_stack()
+    request: dict[str, Any] = {"dir": None if output_dir is None else os.path.abspath(output_dir), "site": site}
+    if not process.is_main:
+        reply = handshake.join(process.rank, request)
         if reply["mode"] == "error":
             raise CheckpointError(reply["error"])
         if reply["mode"] == "alone":  # some other process did not call save_state: the main process saved alone
             return Path(reply["target"])
-        return _save(accelerator, Path(reply["target"]), reply["automatic"], safe_serialization, together=True,
+        return _save(saveset, Path(reply["target"]), reply["automatic"], safe_serialization, together=True,
                      iteration=reply["iteration"])
 
-    decision = handshake.decide(n, request["site"])
+    decision = handshake.decide(n, site)
     try:
         mismatched = [f"process {r} gave {req['dir'] or 'none (automatic naming)'}"
                       for r, req in sorted(decision.joined.items()) if req["dir"] != request["dir"]]
         if mismatched:
             raise CheckpointError(f"save_state was given {request['dir'] or 'no directory (automatic naming)'} on the "
                                   f"main process but {', '.join(mismatched)}; pass the same output_dir on every process.")
-        target, automatic = target_dir(accelerator, output_dir)
-        if not decision.everyone and needs_every_process(accelerator.strategy):
-            raise CheckpointError(_needs_everyone(accelerator.strategy, decision))
+        target, automatic = target_dir(saveset.project, output_dir)
+        if not decision.everyone and needs_every_process(saveset.engine):
+            raise CheckpointError(_needs_everyone(saveset.engine, decision))
     except ValueError as failure:  # CheckpointError too: every process that called save_state raises it
         handshake.answer(decision, {"mode": "error", "error": str(failure)})
         raise
-    iteration = accelerator.project_configuration.iteration
+    iteration = saveset.project.iteration
     if decision.everyone:
         handshake.answer(decision, {"mode": "together", "target": str(target), "automatic": automatic,
                                     "iteration": iteration})
-        return _save(accelerator, target, automatic, safe_serialization, together=True, iteration=iteration)
+        return _save(saveset, target, automatic, safe_serialization, together=True, iteration=iteration)
     try:
-        path = _save(accelerator, target, automatic, safe_serialization, together=False)
+        path = _save(saveset, target, automatic, safe_serialization, together=False)
     except Exception as failure:
         handshake.answer(decision, {"mode": "error", "error": f"the main process could not save {target}: {failure}"})
         raise
@@ -119,7 +116,8 @@ def save_checkpoint(accelerator: "Accelerator", output_dir: str | None = None, s
 
 def _user_stack(limit: int = 8) -> list[str]:
     """file:line of the script's frames that lead to this save_state call, innermost first (hasten's left out)."""
-    frame, sites = sys._getframe(1), []
+    frame: Any = sys._getframe(1)
+    sites: list[str] = []
     while frame is not None and len(sites) < limit:
         name = frame.f_code.co_filename
         if not os.path.abspath(name).startswith(_PACKAGE_DIR):
@@ -128,7 +126,7 @@ def _user_stack(limit: int = 8) -> list[str]:
     return sites
 
 
-def _needs_everyone(strategy: Any, decision: handshake.Decision) -> str:
+def _needs_everyone(strategy: CheckpointEngine, decision: handshake.Decision) -> str:
     engine = _ENGINES.get(strategy.name, strategy.name)
     where = "; ".join(why for _, why in sorted(decision.absent.items()))
     return (f"save_state needs every process under {engine}, which holds the state in shards, but only some called "
@@ -150,29 +148,29 @@ def _write_model(directory: Path, name: str, tensors: dict[str, torch.Tensor], s
     return name, path.stat().st_size
 
 
-def _write_files(accelerator: "Accelerator", staging: Path, publisher: bool, weights: list[dict[str, torch.Tensor]],
+def _write_files(saveset: SaveSet, staging: Path, publisher: bool, weights: list[dict[str, torch.Tensor]],
                  optimizer_states: list[dict[str, Any]], safe: bool) -> dict[str, int]:
     """This process's files (the publisher writes the shared ones); returns {name: size}."""
-    strategy = accelerator.strategy
-    models = list(accelerator._models)
-    rank = accelerator.process_index
+    strategy = saveset.engine
+    models = list(saveset.models)
+    rank = saveset.process.rank
     files: dict[str, int] = {}
     staging.mkdir(parents=True, exist_ok=True)  # a process on another machine without a shared disk
     if strategy.writes_own_checkpoint_files:  # each process writes its own shard of every model and optimizer
-        files.update(strategy.save_checkpoint_files(staging, models, accelerator._optimizers))
+        files.update(strategy.save_checkpoint_files(staging, models, saveset.optimizers))
     if publisher:
         model_base = SAFE_WEIGHTS_NAME if safe else WEIGHTS_NAME
         for i, weight in enumerate(weights):
             files.update([_write_model(staging, indexed_name(model_base, i), weight, safe)])
         for i, optimizer_state in enumerate(optimizer_states):
             files.update([_write(staging, indexed_name(f"{OPTIMIZER_NAME}.bin", i), optimizer_state)])
-        for i, scheduler in enumerate(accelerator._schedulers):
+        for i, scheduler in enumerate(saveset.schedulers):
             files.update([_write(staging, indexed_name(f"{SCHEDULER_NAME}.bin", i), scheduler.state_dict())])
-        if accelerator.scaler is not None:
-            files.update([_write(staging, SCALER_NAME, accelerator.scaler.state_dict())])
-        for i, obj in enumerate(accelerator._custom_objects):
+        if saveset.scaler is not None:
+            files.update([_write(staging, SCALER_NAME, saveset.scaler.state_dict())])
+        for i, obj in enumerate(saveset.custom):
             files.update([_write(staging, f"{CUSTOM_STATE_NAME}_{i}.pkl", obj.state_dict())])
-    rng = {**capture_rng_state(), "step": accelerator.gradient_state.step}  # "step" where Accelerate keeps it
+    rng = {**saveset.capture_rng(), "step": saveset.counter.step}  # "step" where Accelerate keeps it
     files.update([_write(staging, f"{RNG_STATE_NAME}_{rank}.pkl", rng)])
     # Mid-accumulation, the gradients gathered so far are state too (and differ per process).
     gradients = {f"{i}.{name}": grad for i, model in enumerate(models)
@@ -182,17 +180,17 @@ def _write_files(accelerator: "Accelerator", staging: Path, publisher: bool, wei
     return files
 
 
-def _save(accelerator: "Accelerator", target: Path, automatic: bool, safe_serialization: bool, together: bool,
+def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: bool, together: bool,
           iteration: int | None = None) -> Path:
     """Write and publish `target`; `together`: every process takes part (and agrees), else this process alone."""
-    state = accelerator.state
-    n = state.num_processes if together else 1  # the processes that take part
-    config = accelerator.project_configuration
+    process = saveset.process
+    n = process.world if together else 1  # the processes that take part
+    config = saveset.project
     iteration = config.iteration if iteration is None else iteration
     if not together:
         publisher = True
     else:
-        publisher = state.is_local_main_process if config.save_on_each_node else state.is_main_process
+        publisher = process.is_local_main if config.save_on_each_node else process.is_main
     error = None
     if publisher:
         try:
@@ -202,18 +200,18 @@ def _save(accelerator: "Accelerator", target: Path, automatic: bool, safe_serial
     agree(error, n, _OP)
     staging = staging_path(target)
 
-    strategy = accelerator.strategy
-    models = list(accelerator._models)
+    strategy = saveset.engine
+    models = list(saveset.models)
     sharded = strategy.writes_own_checkpoint_files
     # Every process asks the strategy (a sharded one gathers); only the main process gets full values back.
     weights = [] if sharded else [strategy.model_state_dict(model) for model in models]
-    optimizer_states = [] if sharded else [strategy.optimizer_state_dict(opt) for opt in accelerator._optimizers]
-    for hook in accelerator._save_state_pre_hooks.values():
+    optimizer_states = [] if sharded else [strategy.optimizer_state_dict(opt) for opt in saveset.optimizers]
+    for hook in saveset.save_pre_hooks:
         hook(models, weights, str(staging))  # a hook may pop weights it saves itself (e.g. save_pretrained)
     files: dict[str, int] = {}
     error = None
     try:
-        files = _write_files(accelerator, staging, publisher, weights, optimizer_states, safe_serialization)
+        files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization)
     except Exception as failure:  # noqa: BLE001 - reported to every process, then raised everywhere
         error = f"writing the checkpoint failed: {type(failure).__name__}: {failure}"
     reports = all_gather((error, files), n, _OP)
@@ -223,15 +221,15 @@ def _save(accelerator: "Accelerator", target: Path, automatic: bool, safe_serial
         try:
             write_manifest(staging, {
                 "iteration": iteration if automatic else None,
-                "num_processes": state.num_processes,
-                "saved_by": list(range(state.num_processes)) if together else [state.process_index],
-                "step": accelerator.gradient_state.step,
+                "num_processes": process.world,
+                "saved_by": list(range(process.world)) if together else [process.rank],
+                "step": saveset.counter.step,
                 "files": all_files,
-                "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(accelerator._optimizers),
-                             "schedulers": len(accelerator._schedulers), "dataloaders": len(accelerator._dataloaders),
-                             "custom": len(accelerator._custom_objects), "scaler": accelerator.scaler is not None,
+                "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(saveset.optimizers),
+                             "schedulers": len(saveset.schedulers), "dataloaders": len(saveset.dataloaders),
+                             "custom": len(saveset.custom), "scaler": saveset.scaler is not None,
                              "model_format": model_format(strategy, safe_serialization)},
-                "dataloaders": [encode(loader.state_dict()) for loader in accelerator._dataloaders],
+                "dataloaders": [encode(loader.state_dict()) for loader in saveset.dataloaders],
             })
             publish(staging, target)
         except (OSError, TypeError) as failure:

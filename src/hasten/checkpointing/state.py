@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .. import watchdog
+from ..process import watchdog
 from .commit import CheckpointError
 
 __all__ = ["indexed_name", "SHARDED_FORMAT", "model_format", "all_gather", "barrier", "agree", "read_pickle",

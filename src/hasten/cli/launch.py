@@ -195,7 +195,24 @@ def _check_precision(config: LaunchConfig) -> None:
         )
 
 
+def main(argv: list[str]) -> int:
+    """`hasten launch ARGV...` as a function (what `hasten test` calls); returns the process exit code.
+
+    Example:
+        >>> _ = open("train.py", "w").write("print('hello')")
+        >>> main(["--dry_run", "--cpu", "train.py"])  # doctest: +ELLIPSIS
+        HASTEN_LAUNCH_SPEC=... -m hasten.launch.worker train.py
+        0
+    """
+    from .parsing import ConciseParser, run_command
+
+    parser = ConciseParser(prog="hasten")
+    add_parser(parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ConciseParser))
+    return run_command(parser, ["launch", *argv])
+
+
 def run(args: argparse.Namespace) -> int:
+    """Run `hasten launch` for parsed arguments."""
     from ..launch.plan import LaunchError
 
     try:
@@ -212,4 +229,4 @@ def run(args: argparse.Namespace) -> int:
     return execute(plan)
 
 
-__all__ = ["add_parser", "resolve_config", "build_plan"]
+__all__ = ["add_parser", "resolve_config", "build_plan", "main"]

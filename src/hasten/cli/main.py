@@ -7,16 +7,18 @@ import sys
 
 from .. import __version__
 from . import config_command, env_command, estimate_memory, launch as launch_command, merge_weights, test_command
+from .parsing import ConciseParser, run_command
 
-
-class ConciseParser(argparse.ArgumentParser):
-    """Bad flags get one sentence and a pointer to --help, not the whole usage block."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+__all__ = ["ConciseParser", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `hasten` parser with every sub-command.
+
+    Example:
+        >>> build_parser().parse_args(["env"]).command
+        'env'
+    """
     parser = ConciseParser(
         prog="hasten",
         description="Run one unchanged PyTorch training loop on 1 or N processes.",
@@ -33,21 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `hasten` command; returns the process exit code."""
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    if unknown and getattr(args, "passes_unknown_flags", False):
-        args.launch_flags = [*unknown, *args.launch_flags]
-    elif unknown:  # flags placed before the script that the sub-command does not know
-        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    try:
-        return args.run(args)
-    except BrokenPipeError:  # e.g. `hasten env | head`
-        sys.stderr.close()
-        return 0
+    """Run the `hasten` command; returns the process exit code.
+
+    Example:
+        >>> main([])  # doctest: +ELLIPSIS
+        usage: hasten [-h] [--version] COMMAND ...
+        ...
+        2
+    """
+    return run_command(build_parser(), sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

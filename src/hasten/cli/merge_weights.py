@@ -19,7 +19,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..strategies.fsdp_checkpoint import merge_fsdp_weights
+    from ..strategies.fsdp.checkpoint import merge_fsdp_weights
 
     try:
         target = merge_fsdp_weights(args.checkpoint_directory, args.output_path,

@@ -22,11 +22,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .main import main
+    """Launch `hasten.selftest` with the config file and launch flags given."""
+    from .launch import main as launch
 
-    argv = ["launch"]
+    argv: list[str] = []
     if args.config_file:
         argv += ["--config_file", args.config_file]
     # as a module: run as a path, its folder (hasten/) would come first on sys.path and
     # hasten/logging.py would shadow the standard library's logging
-    return main([*argv, *args.launch_flags, "-m", "hasten.selftest"])
+    return launch([*argv, *args.launch_flags, "-m", "hasten.selftest"])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
@@ -199,7 +199,7 @@ class PreparedDataLoader(DataLoader):
         if self.order is not None:
             self.order.begin_pass(continuing)
         if self.rng_types and not continuing:
-            from ..utils.random import synchronize_rng_states
+            from ..seeding import synchronize_rng_states
 
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         seeked = skip > 0 and self.batch_sampler is not None and seek_batches(self.batch_sampler, skip)
@@ -215,7 +215,7 @@ class PreparedDataLoader(DataLoader):
             return _skip(iterator, skip)
         return iterator
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # batches from a generator, not torch's iterator
         cursor, state = self.cursor, self.gradient_state
         if state is not None and state.boundary_hook is not None and cursor.training:
             state.boundary_hook(self)  # asked for the first batch: a preemption point
@@ -257,7 +257,9 @@ class PreparedDataLoader(DataLoader):
 
     def _finish(self, batch: Any, last: bool) -> Any:
         """The batch as the loop gets it (on its device); `last`: no batch follows in this pass."""
-        return send_to_device(batch, self.device, non_blocking=self._non_blocking) if self._move_batches else batch
+        if not self._move_batches:  # (moving implies a device)
+            return batch
+        return send_to_device(batch, cast(torch.device, self.device), non_blocking=self._non_blocking)
 
     def final_remainder(self) -> int | None:
         """The remainder once the last batch is reached, when it differs from the pass's start (None: unchanged)."""

@@ -198,7 +198,7 @@ def prepare_data_loader(
         raise NotImplementedError("prepare_data_loader(torch_device_mesh=...) is not supported by this hasten version; "
                                   "let Accelerator.prepare place the data on its mesh.")
     if num_processes is None or process_index is None:
-        from ..state import PartialState
+        from ..runtime.state import PartialState
 
         state = PartialState()
         num_processes = state.num_processes if num_processes is None else num_processes
@@ -289,7 +289,7 @@ def _build(dataloader: DataLoader, device: torch.device | None, *, num_processes
 def _build_iterable(dataloader: DataLoader, common: dict[str, Any], num_processes: int, process_index: int,
                     split_batches: bool, even_batches: bool, sharded: bool, rng_types: list[Any],
                     make: Callable[..., PreparedDataLoader]) -> PreparedDataLoader:
-    dataset = dataloader.dataset
+    dataset: Any = dataloader.dataset  # an iterable dataset (a Hugging Face one can shard itself)
     if dataloader.batch_size is None:
         raise ValueError("prepare needs a DataLoader with a batch_size for an iterable dataset.")
     synchronized = None

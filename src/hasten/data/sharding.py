@@ -19,7 +19,7 @@ makes a 1-process and an N-process run reach the same parameters.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
@@ -88,7 +88,8 @@ class ShardedBatchSampler(BatchSampler):
         self.process_index = process_index
         self.split_batches = split_batches
         self.even_batches = even_batches
-        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        # None when the wrapped sampler has none (BatchSampler's own attribute is always an int).
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self._seeked = False  # did the current pass start after a seek (then the epoch's start is computed)?
         if split_batches and self.batch_size is not None and self.batch_size % num_processes:
@@ -98,7 +99,7 @@ class ShardedBatchSampler(BatchSampler):
             )
 
     @property
-    def sampler(self) -> Any:
+    def sampler(self) -> Any:  # type: ignore[override]  # read through to the wrapped sampler, never set
         return getattr(self.batch_sampler, "sampler", None)
 
     @property
@@ -174,8 +175,9 @@ class ShardedBatchSampler(BatchSampler):
         of each window of N batches is copied in C, instead of the Python
         loop of torch's BatchSampler building every process's batches.
         """
-        n, r, size = self.num_processes, self.process_index, self.batch_size
-        window = n * size  # type: ignore[operator]
+        # A seekable order comes with a BatchSampler, which has a batch size.
+        n, r, size = self.num_processes, self.process_index, cast(int, self.batch_size)
+        window = n * size
         epoch_start: list[int] = [i for b in self._epoch_start(n) for i in b] if seeked else []
         pending: list[int] = []
         for chunk in order.index_chunks():

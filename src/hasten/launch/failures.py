@@ -13,21 +13,10 @@ import os
 import signal
 from typing import Any, Mapping
 
+from ..process.exit import PEER_LOST_MARKERS, is_peer_lost  # what a rank that lost a peer reports
+
 __all__ = ["PEER_LOST_MARKERS", "is_peer_lost", "failure_message", "error_and_traceback", "signal_name",
            "root_cause", "all_failures", "failure_summary"]
-
-# Errors a healthy rank gets when a peer died: consequences, not causes.
-PEER_LOST_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-)
-
-
-def is_peer_lost(message: str) -> bool:
-    """True if an error message says a peer process went away (so it is not the root cause)."""
-    return any(marker in message for marker in PEER_LOST_MARKERS)
 
 
 def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-__all__ = ["gpu_compute_capabilities", "parse_compute_capabilities"]
+__all__ = ["check_cuda_fp8_capability", "gpu_compute_capabilities", "parse_compute_capabilities"]
 
 
 def parse_compute_capabilities(nvidia_smi_output: str) -> list[tuple[int, int]]:
@@ -36,3 +36,16 @@ def gpu_compute_capabilities() -> list[tuple[int, int]]:
     except (OSError, subprocess.SubprocessError):
         return []
     return parse_compute_capabilities(output)
+
+
+def check_cuda_fp8_capability() -> bool:
+    """True when the first visible NVIDIA GPU can compute in fp8 (compute capability 8.9 or newer).
+
+    Asks nvidia-smi, so CUDA is not initialised; False without a GPU.
+
+    Example:
+        >>> isinstance(check_cuda_fp8_capability(), bool)
+        True
+    """
+    capabilities = gpu_compute_capabilities()
+    return bool(capabilities) and capabilities[0] >= (8, 9)

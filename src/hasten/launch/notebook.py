@@ -7,9 +7,13 @@ so an `Accelerator()` created inside the function is distributed.
 `debug_launcher` does the same on CPUs only, to debug a distributed loop
 on a laptop.
 
-How it works: torch's elastic agent (`torch.distributed.launcher.api.
-elastic_launch`) runs in this process and forks the workers. Fork (not
-spawn) is what lets a function defined in a notebook cell run in the
+How it works: the same plan -> run code as `hasten launch`
+(`hasten.launch.run.launch`: the workers' environment, the board
+directory, restarts, failure records, leftovers), with one difference:
+each process runs the function, forked by torch's elastic agent in this
+process (`hasten.launch.worker.run_function`), instead of a script; a plan
+of one process calls the function right here, with the launch spec. Fork
+(not spawn) is what lets a function defined in a notebook cell run in the
 workers: spawned children re-import everything by name, and a cell's
 functions have no importable name. Forking is only safe while this process
 has not initialised CUDA, hence the refusal when it has.
@@ -24,52 +28,23 @@ message and traceback text. No worker outlives the call: the agent stops
 the others after a failure (SIGTERM, then SIGKILL), and every worker asks
 Linux to end it if this process dies. A worker killed by a signal (out of
 memory) leaves no error file; the message then says so, and may only name
-the rank that lost contact with it.
-
-Fork hygiene, in each worker: the signal handlers the agent installed here
-are reset (SIGTERM/SIGINT end a worker at once); torch's thread count is set
-from OMP_NUM_THREADS (cores // processes unless set), which a forked
-process would otherwise ignore; and the objects inherited from this process
-are frozen out of garbage collection (`gc.freeze`), because finalizing this
-process's garbage there (e.g. an old TCPStore, whose destructor joins a
-thread the worker does not have) crashes the worker. Afterwards this
-process's environment variables, signal handlers and log levels are as
-before the call.
+the rank that lost contact with it. Afterwards this process's environment
+variables, signal handlers and log levels are as before the call.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import logging
 import os
 import signal
 import sys
-import tempfile
-import threading
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from .. import host_board
 from ..launch_spec import LaunchSpec
-from .plan import LaunchError, available_cpus, find_free_port, port_in_use
+from .plan import LaunchError, LaunchPlan, find_free_port, port_in_use
 
 __all__ = ["notebook_launcher", "debug_launcher", "WorkerFailedError"]
-
-_THIS_FILE = os.path.abspath(__file__)
-# The agent's own log lines (per-failure tracebacks, "closing process ...")
-# would bury the one exception the caller gets.
-_QUIET_LOGGERS = {
-    "torch.distributed.elastic": logging.ERROR,
-    "torch.distributed.elastic.multiprocessing.api": logging.CRITICAL,
-    "torch.distributed.elastic.multiprocessing.errors": logging.CRITICAL,
-    "torch.distributed.elastic.agent.server.api": logging.CRITICAL,
-    "torch.distributed.elastic.agent.server.local_elastic_agent": logging.CRITICAL,
-    "torch.distributed.launcher.api": logging.CRITICAL,
-    "torch.multiprocessing.spawn": logging.ERROR,
-}
-_AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 class WorkerFailedError(ChildFailedError, RuntimeError):
@@ -160,43 +135,37 @@ def notebook_launcher(
 
     Example:
         >>> def train(out_dir):
+        ...     from pathlib import Path
         ...     from hasten import Accelerator
         ...     accelerator = Accelerator(cpu=True)
-        ...     accelerator.print(f"{accelerator.num_processes} processes")
-        >>> notebook_launcher(train, ("/tmp/run",), num_processes=2, use_port=29555)  # doctest: +SKIP
-        2 processes
+        ...     accelerator.print(f"{accelerator.num_processes} processes")  # shown in a notebook's output
+        ...     if accelerator.is_main_process:
+        ...         Path(out_dir, "processes.txt").write_text(str(accelerator.num_processes))
+        >>> notebook_launcher(train, (".",), num_processes=2, use_port=29555)
+        >>> open("processes.txt").read()
+        '2'
     """
     if num_processes is None:
         num_processes = _default_num_processes()
     _check_counts(num_processes, num_nodes, node_rank)
     spec = _spec(mixed_precision, cpu=False)
-    if num_processes == 1 and num_nodes == 1 and max_restarts == 0:
-        _run_here(function, args, spec)
+    if num_processes == 1 and num_nodes == 1 and max_restarts == 0:  # runs right here (`launch.run`)
+        _launch(LaunchPlan(target=_name(function), spec=spec, function=function, function_args=tuple(args)))
         return None
     _refuse_unsafe_fork()
     port = _port(use_port)
-    rdzv_conf = dict(rdzv_conf or {})
-    if rdzv_backend == "static":
-        rdzv_conf.setdefault("rank", node_rank)
-        if node_rank == 0 and not rdzv_endpoint and port_in_use(port, master_addr):
-            raise LaunchError(
-                f"port {port} on {master_addr} is already in use (another run or notebook launch?); "
-                "pass another use_port."
-            )
-    _launch(
-        function,
-        args,
-        spec,
-        nproc_per_node=num_processes,
-        num_nodes=num_nodes,
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}",
-        rdzv_conf=rdzv_conf,
-        rdzv_id=rdzv_id,
-        max_restarts=max_restarts,
-        monitor_interval=monitor_interval,
-        log_line_prefix_template=log_line_prefix_template,
-    )
+    if rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint and port_in_use(port, master_addr):
+        raise LaunchError(
+            f"port {port} on {master_addr} is already in use (another run or notebook launch?); "
+            "pass another use_port."
+        )
+    _launch(LaunchPlan(
+        target=_name(function), num_processes=num_processes * num_nodes, num_machines=num_nodes,
+        machine_rank=node_rank, main_process_ip=master_addr, main_process_port=port, rdzv_backend=rdzv_backend,
+        max_restarts=max_restarts, monitor_interval=monitor_interval, spec=spec,
+        function=function, function_args=tuple(args), rdzv_endpoint=rdzv_endpoint or None, rdzv_id=rdzv_id,
+        rdzv_conf=dict(rdzv_conf or {}), log_line_prefix_template=log_line_prefix_template,
+    ))
     return None
 
 
@@ -218,27 +187,17 @@ def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (), num_p
         ...     accelerator = Accelerator()
         ...     total = accelerator.reduce(torch.ones(1), reduction="sum")
         ...     assert total.item() == accelerator.num_processes
-        >>> debug_launcher(check, num_processes=2)  # doctest: +SKIP
+        >>> debug_launcher(check, num_processes=2)
     """
     _check_counts(num_processes, 1, 0)
     spec = _spec("no", cpu=True)
-    if num_processes == 1:
-        _run_here(function, args, spec)
+    if num_processes == 1:  # runs right here (`launch.run`)
+        _launch(LaunchPlan(target=_name(function), spec=spec, function=function, function_args=tuple(args)))
         return None
-    _launch(
-        function,
-        args,
-        spec,
-        nproc_per_node=num_processes,
-        num_nodes=1,
-        rdzv_backend="static",
-        rdzv_endpoint=f"127.0.0.1:{find_free_port()}",
-        rdzv_conf={"rank": 0},
-        rdzv_id="none",
-        max_restarts=0,
-        monitor_interval=0.1,
-        log_line_prefix_template=None,
-    )
+    _launch(LaunchPlan(
+        target=_name(function), num_processes=num_processes, main_process_ip="127.0.0.1",
+        main_process_port=find_free_port(), spec=spec, function=function, function_args=tuple(args),
+    ))
     return None
 
 
@@ -296,170 +255,33 @@ def _refuse_unsafe_fork() -> None:
 
 
 # -- running ------------------------------------------------------------------------------------
-def _run_here(function: Callable[..., Any], args: Sequence[Any], spec: LaunchSpec) -> None:
-    """One process: run the function in this one, with the launch spec in the environment.
-
-    Only the spec's variable is put back afterwards; whatever else the
-    function sets in os.environ stays, as it would without a launcher.
-    """
-    (name, value), = spec.to_env().items()
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        function(*args)
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
+def _name(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", type(function).__name__)
 
 
-def _launch(
-    function: Callable[..., Any],
-    args: Sequence[Any],
-    spec: LaunchSpec,
-    *,
-    nproc_per_node: int,
-    num_nodes: int,
-    rdzv_backend: str,
-    rdzv_endpoint: str,
-    rdzv_conf: dict[str, Any],
-    rdzv_id: str,
-    max_restarts: int,
-    monitor_interval: float,
-    log_line_prefix_template: str | None,
-) -> None:
-    """Start the workers through torch's elastic agent, wait, and raise the root cause of a failure."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+def _launch(plan: LaunchPlan) -> None:
+    """Run the plan through the launch path of `hasten launch`, wait, and raise the root cause of a failure."""
+    from .run import launch
 
-    env = {
-        **spec.to_env(),
-        **spec.peer_env({}),  # the variables Accelerate's notebook_launcher exports, for code that reads them
-        # torch.cuda.is_available() via NVML: asking the driver would initialise CUDA here.
-        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
-    }
-    if "OMP_NUM_THREADS" not in os.environ:
-        # cores / local processes: more threads than cores makes every rank slower
-        env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // nproc_per_node))
-    with contextlib.ExitStack() as stack:
-        log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="hasten_notebook_"))
-        stack.enter_context(_patched_environ(env))
-        if num_nodes == 1:
-            stack.enter_context(host_board.shared_directory())
-        else:  # not an outer launch's board either
-            stack.enter_context(_patched_environ({host_board.BOARD_DIR_ENV: ""}))
-        stack.enter_context(_restored_signal_handlers())
-        stack.enter_context(_quiet_agent_logs())
-        config = LaunchConfig(
-            min_nodes=num_nodes,
-            max_nodes=num_nodes,
-            nproc_per_node=nproc_per_node,
-            run_id=rdzv_id,
-            rdzv_endpoint=rdzv_endpoint,
-            rdzv_backend=rdzv_backend,
-            rdzv_configs=rdzv_conf,
-            max_restarts=max_restarts,
-            monitor_interval=monitor_interval,
-            start_method=_start_method(),
-            log_line_prefix_template=log_line_prefix_template,
-            logs_specs=DefaultLogsSpecs(log_dir=log_dir),
-        )
-        # The exception for the caller is raised after the `except` blocks, so that it does not
-        # keep torch's (through __context__ and its traceback): that one holds the agent's
-        # TCPStore, whose destructor joins a server thread; a later forked worker that
-        # garbage-collected it would crash (SIGSEGV) joining a thread it does not have.
-        error: BaseException | None = None
-        try:
-            elastic_launch(config, _run_rank)(function, tuple(args))
-        except ChildFailedError as failed:
-            world_size = nproc_per_node * num_nodes
-            first_rank = next((r - f.local_rank for r, f in failed.failures.items()), 0)
-            error = _worker_failed(failed.failures, world_size, log_dir, first_rank)
-        except SignalException as stopped:
-            if stopped.sigval != signal.SIGINT:
-                raise
-            error = KeyboardInterrupt("interrupted; all launched processes were ended.")
-    if error is not None:
-        raise error
+    outcome = launch(plan)
+    if outcome.preempted is not None:  # what the main process prints when no launcher shows it
+        sys.stderr.write(f"hasten: {outcome.preempted}.\n")
+    if outcome.signum == signal.SIGINT:
+        raise KeyboardInterrupt("interrupted; all launched processes were ended.")
+    if outcome.signum is not None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
 
-
-def _start_method() -> str:
-    """Fork where the platform has it (functions from notebook cells cannot be pickled by name)."""
-    import multiprocessing
-
-    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-def _run_rank(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """What each worker runs: the function, then a clean exit from the process group.
-
-    On failure the rank prints its traceback, writes torchelastic's error
-    file and exits 1 at once (gloo may abort in interpreter teardown).
-    """
-    from .worker import die_with_launcher, exit_now, leave_process_group, record_failure
-
-    # Everything inherited from the launching process belongs to it: never collect it here.
-    # Its garbage may hold objects whose finalizers touch the parent's threads (a torch
-    # TCPStore joins its server thread), which a forked worker does not have: SIGSEGV.
-    gc.freeze()
-    _reset_inherited_signals()
-    die_with_launcher()
-    _apply_thread_count()
-    try:
-        function(*args)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        if code != 0:
-            stop.__traceback__ = _without_own_frames(stop.__traceback__)
-            record_failure(stop)
-            exit_now(code)
-    except BaseException as error:  # noqa: BLE001 - every failure must reach the caller with its rank
-        # Called inside this except block: torchelastic's error file takes the traceback of the
-        # exception being handled, whose first frames (this function's) are dropped here.
-        error.__traceback__ = _without_own_frames(error.__traceback__)
-        record_failure(error)
-        exit_now(1)
-    leave_process_group(success=True)
-    return None  # the agent pickles the return value; None always pickles
-
-
-def _without_own_frames(tb: Any) -> Any:
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == _THIS_FILE:
-        tb = tb.tb_next
-    return tb
-
-
-def _reset_inherited_signals() -> None:
-    """Undo the agent's handlers a forked worker inherited: its signals must end a worker, not raise in it.
-
-    The agent stops workers with SIGTERM, or with the signal it got itself
-    (SIGINT when the kernel is interrupted); either ends the worker at once,
-    without a misleading "rank R failed with KeyboardInterrupt" report.
-    """
-    for name in _AGENT_SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            signal.signal(sig, signal.SIG_DFL)
-
-
-def _apply_thread_count() -> None:
-    """A forked worker inherits torch's thread pool size; OMP_NUM_THREADS alone would not change it."""
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
-        import torch
-
-        with contextlib.suppress(RuntimeError):
-            torch.set_num_threads(int(threads))
+        raise SignalException(f"Process {os.getpid()} got signal: {outcome.signum}", sigval=signal.Signals(outcome.signum))
+    if outcome.failures:
+        raise _worker_failed(outcome.failures, outcome.reported, plan.num_processes)
 
 
 # -- failures ------------------------------------------------------------------------------------
-def _worker_failed(failures: Mapping[int, Any], world_size: int, log_dir: str, first_rank: int) -> WorkerFailedError:
-    """The exception for the caller: the root cause among every error file of the failed attempt."""
-    from .failures import all_failures, error_and_traceback, is_peer_lost, root_cause, signal_name
+def _worker_failed(failures: Mapping[int, Any], reported: Mapping[int, Any], world_size: int) -> WorkerFailedError:
+    """The exception for the caller: the root cause among every failure of the failed attempt."""
+    from .failures import error_and_traceback, is_peer_lost, root_cause, signal_name
 
-    rank, failure = root_cause(all_failures(failures, log_dir, first_rank))
+    rank, failure = root_cause(dict(failures))
     error, stack = error_and_traceback(failure)
     if error and is_peer_lost(error):
         # Every report is collateral: the culprit left no error file (killed by a signal, os._exit, ...).
@@ -475,52 +297,4 @@ def _worker_failed(failures: Mapping[int, Any], world_size: int, log_dir: str, f
     message = f"rank {rank} of {world_size} {what}"
     if stack:
         message += f"\n\nTraceback of rank {rank}:\n{stack.rstrip()}"
-    return WorkerFailedError(message, rank=rank, error=error, worker_traceback=stack, failures=failures)
-
-
-# -- small context managers ----------------------------------------------------------------------
-@contextlib.contextmanager
-def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
-    """Set variables for the duration of the launch; afterwards the environment is exactly as before.
-
-    The elastic agent also writes to os.environ (TORCHELASTIC_*); those go too.
-    """
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-@contextlib.contextmanager
-def _restored_signal_handlers() -> Iterator[None]:
-    """The agent installs SIGTERM/SIGINT/... handlers and leaves them; put the caller's back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {}
-    for name in _AGENT_SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            saved[sig] = signal.getsignal(sig)
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _quiet_agent_logs() -> Iterator[None]:
-    saved = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
-    for name, level in _QUIET_LOGGERS.items():
-        logging.getLogger(name).setLevel(level)
-    try:
-        yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
-
+    return WorkerFailedError(message, rank=rank, error=error, worker_traceback=stack, failures=reported)

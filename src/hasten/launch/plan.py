@@ -1,8 +1,11 @@
-"""A launch plan: what `hasten launch` will start, as a plain value.
+"""A launch plan: what `hasten launch` or `notebook_launcher` will start, as a plain value.
 
 `LaunchPlan` turns validated settings into the command line (torchrun's
 arguments, or mpirun's) and the environment of the workers, without
 starting anything, so both are testable and printable (`--dry_run`).
+`launch.run` carries out any plan; a plan from `notebook_launcher` differs
+only in what each process runs (its `function`, in forked processes,
+instead of the target script).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import shutil
 import socket
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from ..config import ConfigError, check_layout
+from ..errors import LaunchError
 from ..launch_spec import LaunchSpec
 from .network import interface_for_address, is_loopback
 
@@ -23,10 +27,6 @@ __all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "availa
 
 WORKER_MODULE = "hasten.launch.worker"
 DEFAULT_MULTI_NODE_PORT = 29500
-
-
-class LaunchError(ValueError):
-    """A launch request that cannot work; the message says what to change."""
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -84,6 +84,14 @@ class LaunchPlan:
     network_interface: str | None = None
     quiet: bool = False
     spec: LaunchSpec = field(default_factory=LaunchSpec)
+    # notebook_launcher: each process runs function(*function_args) (forked) instead of the target
+    function: Callable[..., Any] | None = None
+    function_args: tuple[Any, ...] = ()
+    # torchelastic's settings that only notebook_launcher exposes (None: torchrun's defaults)
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_conf: Mapping[str, Any] | None = None
+    log_line_prefix_template: str | None = None
 
     # -- derived ------------------------------------------------------------------
     @property
@@ -104,9 +112,10 @@ class LaunchPlan:
         """Restarts `hasten launch` does itself: on one machine it restarts only after an attempt that made progress.
 
         On several machines torchrun's agents restart together (they
-        coordinate through the rendezvous), with no progress check.
+        coordinate through the rendezvous), with no progress check; so do
+        they for `notebook_launcher`, as in the peer.
         """
-        return self.max_restarts if self.num_machines == 1 else 0
+        return self.max_restarts if self.num_machines == 1 and self.function is None else 0
 
     @property
     def multi_process(self) -> bool:
@@ -203,7 +212,35 @@ class LaunchPlan:
             assign("NCCL_SOCKET_IFNAME", interface)
         if self.quiet:
             env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        if self.function is not None:
+            # torch.cuda.is_available() via NVML: asking the driver would initialise CUDA in the forking process.
+            env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         return env
+
+    def elastic_settings(self) -> dict[str, Any]:
+        """What torchelastic's launch config takes from a `notebook_launcher` plan beyond torchrun's arguments.
+
+        Example:
+            >>> LaunchPlan(target="train.py").elastic_settings()
+            {}
+        """
+        if self.function is None:
+            return {}
+        import multiprocessing
+
+        conf = dict(self.rdzv_conf or {})
+        if self.rdzv_backend == "static":
+            conf.setdefault("rank", self.machine_rank)
+        return {
+            # fork, where the platform has it: functions from notebook cells cannot be pickled by name
+            "start_method": "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn",
+            "role": "default_role",
+            "rdzv_backend": self.rdzv_backend,
+            "run_id": self.rdzv_id or "none",
+            "rdzv_endpoint": self.rdzv_endpoint or f"{self.master_addr}:{self.main_process_port}",
+            "rdzv_configs": conf,
+            "log_line_prefix_template": self.log_line_prefix_template,
+        }
 
     def command(self) -> list[str]:
         """The command this plan runs, as argv."""

@@ -1,4 +1,17 @@
-"""Carrying out a launch plan: in this process for one rank, through torch.distributed.run for several."""
+"""Carrying out a launch plan, for `hasten launch` and `notebook_launcher` alike.
+
+`launch(plan)` sets up what every launch needs once — the workers'
+environment (put back afterwards), a run directory (error files, the
+progress file, the preemption record; a SIGKILLed launcher's is removed by
+the next launch), the board directory of one machine's processes — then
+starts the processes: in this process for one rank, through mpirun, or
+through torch's elastic agent, restarting the group on one machine only
+after an attempt that made progress. A `notebook_launcher` plan of one
+process is the exception: its function is simply called here, with the
+launch spec set, as Accelerate calls it without any launch. It returns an
+`Outcome`; each front presents it in its own way (`execute`: lines and an
+exit code for the shell; `notebook_launcher`: an exception for the caller).
+"""
 
 from __future__ import annotations
 
@@ -11,19 +24,56 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .. import host_board
-from ..checkpointing.preemption import EXIT_PREEMPTED, PROGRESS_ENV, RECORD_ENV, read_preemption_record
-from .failures import all_failures, failure_summary, root_cause
-from .leftovers import owned_directory
+from ..checkpointing.preemption import read_preemption_record
+from ..launch_spec import BOARD_DIR_ENV, EXIT_PREEMPTED, PREEMPTION_RECORD_ENV, PROGRESS_FILE_ENV, LaunchSpec
+from .failures import all_failures, failure_summary
+from .leftovers import empty, owned_directory, shared_directory
 from .plan import LaunchPlan
+from .worker import AGENT_SIGNALS
 
-__all__ = ["execute"]
+__all__ = ["Outcome", "launch", "execute", "run_forwarding_signals"]
+
+# The agent's own log lines (per-failure tracebacks, "closing process ...") would bury the one
+# summary `hasten launch` prints; "Received 15 death signal, shutting down workers": it prints its own line.
+_LAUNCH_LOG_LEVELS = {
+    "torch.distributed.elastic.multiprocessing.api": logging.CRITICAL,
+    "torch.distributed.elastic.agent.server.api": logging.ERROR,
+}
+# ... or the one exception `notebook_launcher` raises.
+_NOTEBOOK_LOG_LEVELS = {
+    "torch.distributed.elastic": logging.ERROR,
+    "torch.distributed.elastic.multiprocessing.api": logging.CRITICAL,
+    "torch.distributed.elastic.multiprocessing.errors": logging.CRITICAL,
+    "torch.distributed.elastic.agent.server.api": logging.CRITICAL,
+    "torch.distributed.elastic.agent.server.local_elastic_agent": logging.CRITICAL,
+    "torch.distributed.launcher.api": logging.CRITICAL,
+    "torch.multiprocessing.spawn": logging.ERROR,
+}
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How a launch ended.
+
+    Example:
+        >>> Outcome().code
+        0
+    """
+
+    code: int = 0  # the exit code for the shell
+    failures: dict[int, Any] = dataclasses.field(default_factory=dict)  # every failure of the last attempt, by rank
+    reported: dict[int, Any] = dataclasses.field(default_factory=dict)  # the failures the agent itself reported
+    preempted: str | None = None  # the line for a run that saved a preemption checkpoint
+    signum: int | None = None  # the signal that ended the run (the agent stopped every process)
+    restarts_declined: bool = False  # restarts were left, but the attempt failed before its first training batch
 
 
 def execute(plan: LaunchPlan) -> int:
-    """Start the plan's processes, wait for them, and return the exit code for the shell.
+    """`hasten launch`: start the plan's processes, wait for them, and return the exit code for the shell.
 
     When a rank fails, the others are stopped and one line names the rank
     that failed first and why (its traceback was printed by the rank itself).
@@ -31,88 +81,150 @@ def execute(plan: LaunchPlan) -> int:
     saved a preemption checkpoint ends with one line saying where, and
     `EXIT_PREEMPTED`.
     """
-    env = plan.worker_env()
-    os.environ.clear()
-    os.environ.update(env)
-    os.environ.pop(host_board.BOARD_DIR_ENV, None)  # a launch inside a launched process gets its own board or none
-    run_dir = owned_directory("launch")  # a SIGKILLed launcher's is removed by the next launch
-    os.environ[RECORD_ENV] = os.path.join(run_dir, "preempted.json")
+    outcome = launch(plan)
+    if outcome.preempted is not None:
+        sys.stderr.write(f"hasten launch: {outcome.preempted}.\n")
+    elif outcome.failures:
+        sys.stderr.write(failure_summary(outcome.failures, plan.num_processes) + "\n")
+        if outcome.restarts_declined:
+            sys.stderr.write("hasten launch: not restarting: this attempt failed before its first training batch "
+                             "was done, so a restart would fail the same way.\n")
+    elif outcome.signum is not None:
+        name = signal.Signals(outcome.signum).name
+        sys.stderr.write(f"hasten launch: stopped by {name}; all processes were ended.\n")
+    return outcome.code
+
+
+def launch(plan: LaunchPlan) -> Outcome:
+    """Carry out `plan` (see the module doc); this process's environment, signal handlers and log levels are put back.
+
+    Example:
+        >>> launch(LaunchPlan(target="print", function=print, function_args=("in this process",)))
+        in this process
+        Outcome(code=0, failures={}, reported={}, preempted=None, signum=None, restarts_declined=False)
+    """
+    if plan.function is not None and plan.mode == "single":
+        return _call_here(plan.function, plan.function_args, plan.spec)
+    with _patched_environ(plan.worker_env()), _restored_signal_handlers():
+        os.environ.pop(BOARD_DIR_ENV, None)  # a launch inside a launched process gets its own board or none
+        run_dir = owned_directory("launch")
+        record = os.environ[PREEMPTION_RECORD_ENV] = os.path.join(run_dir, "preempted.json")
+        try:
+            if plan.mode == "single":
+                from .worker import main as worker_main
+
+                return _preempted_or(worker_main(plan.worker_argv(), exit_when_done=False), record)
+            if plan.mode == "mpirun":
+                return _preempted_or(run_forwarding_signals(plan.command()), record)
+            if plan.num_machines > 1:
+                return _run_elastic(plan, run_dir, record, board_dir=None)
+            with shared_directory() as board_dir:
+                return _run_elastic(plan, run_dir, record, board_dir)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _call_here(function: Callable[..., Any], args: tuple[Any, ...], spec: LaunchSpec) -> Outcome:
+    """A function plan of one process: call it in this process; its exceptions reach the caller unchanged.
+
+    Only the spec's variable is set, and put back afterwards; whatever else
+    the function sets in os.environ stays, as it would without a launcher.
+    """
+    (name, value), = spec.to_env().items()
+    previous = os.environ.get(name)
+    os.environ[name] = value
     try:
-        if plan.mode == "single":
-            from .worker import main as worker_main
-
-            return _preempted_or(worker_main(plan.worker_argv(), exit_when_done=False))
-        if plan.mode == "mpirun":
-            return _preempted_or(run_forwarding_signals(plan.command()))
-        if plan.num_machines > 1:
-            return _run_torchrun(plan, run_dir, board_dir=None)
-        with host_board.shared_directory() as board_dir:
-            return _run_torchrun(plan, run_dir, board_dir)
+        function(*args)
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+    return Outcome()
 
 
-def _preempted_or(code: int) -> int:
-    """`EXIT_PREEMPTED` with one line when the run saved a preemption checkpoint, else `code`."""
-    message = read_preemption_record(os.environ[RECORD_ENV])
+def _preempted_or(code: int, record: str, **more: Any) -> Outcome:
+    """`EXIT_PREEMPTED` with the record's line when the run saved a preemption checkpoint, else `code`."""
+    message = read_preemption_record(record)
     if message is None:
-        return code
-    sys.stderr.write(f"hasten launch: {message}.\n")
-    return EXIT_PREEMPTED
+        return Outcome(code=code, **more)
+    return Outcome(code=EXIT_PREEMPTED, preempted=message, **more)
 
 
-def _run_torchrun(plan: LaunchPlan, run_dir: str, board_dir: str | None) -> int:
-    """torchrun, restarted here (one machine) only after an attempt that made progress; see `LaunchPlan.restarts_by_launcher`."""
+def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | None) -> Outcome:
+    """torch's elastic agent, restarted here (one machine) only after an attempt that made progress.
+
+    See `LaunchPlan.restarts_by_launcher`; a `notebook_launcher` plan
+    leaves its restarts to the agent.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.launcher.api import elastic_launch
 
-    # The agent's own per-failure log lines would bury our one-line summary.
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-    # "Received 15 death signal, shutting down workers": we print our own line about the signal.
-    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
-    if plan.quiet:
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-    progress = os.path.join(run_dir, "progress")
-    os.environ[PROGRESS_ENV] = progress
+    progress = os.environ[PROGRESS_FILE_ENV] = os.path.join(run_dir, "progress")
     restarts_left = plan.restarts_by_launcher
     attempt = 0
-    while True:
-        attempt += 1
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(progress)
-        if board_dir is not None:
-            host_board.empty(board_dir)  # the words of a failed attempt must not meet the next one's
-        # The script sees TORCHELASTIC_RESTART_COUNT count this launcher's restarts too (as under torchrun's own).
-        os.environ.update(dataclasses.replace(plan.spec, restart_count=attempt - 1,
-                                              max_restarts=plan.restarts_by_launcher).to_env())
-        # torchrun keeps per-run error files in a directory it never removes; give it one we do.
-        log_dir = tempfile.mkdtemp(prefix="attempt-", dir=run_dir)
-        try:
-            run(parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()]))
-        except ChildFailedError as failed:
-            # The agent reports only the failures it saw first; the error files of the attempt hold them all.
-            failures = all_failures(failed.failures, log_dir, first_rank=plan.machine_rank * plan.processes_per_machine)
-            _, failure = root_cause(failures)
-            code = failure.exitcode if 0 < failure.exitcode < 256 else 1
-            if read_preemption_record(os.environ[RECORD_ENV]) is not None:
-                return _preempted_or(code)
-            sys.stderr.write(failure_summary(failures, plan.num_processes) + "\n")
-            if restarts_left > 0 and os.path.exists(progress):
-                restarts_left -= 1
-                sys.stderr.write(f"hasten launch: restarting every process (attempt {attempt + 1}, "
-                                 f"{restarts_left} restart(s) left after it).\n")
-                continue
-            if restarts_left > 0:
-                sys.stderr.write("hasten launch: not restarting: this attempt failed before its first training batch "
-                                 "was done, so a restart would fail the same way.\n")
-            return code
-        except SignalException as stopped:
-            if read_preemption_record(os.environ[RECORD_ENV]) is not None:
-                return _preempted_or(128 + int(stopped.sigval))
-            sys.stderr.write(f"hasten launch: stopped by {signal.Signals(stopped.sigval).name}; all processes were ended.\n")
-            return 128 + int(stopped.sigval)
-        return 0
+    with _log_levels(_NOTEBOOK_LOG_LEVELS if plan.function is not None else _launch_log_levels(plan)):
+        while True:
+            attempt += 1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(progress)
+            if board_dir is not None:
+                empty(board_dir)  # the words of a failed attempt must not meet the next one's
+            # The script sees TORCHELASTIC_RESTART_COUNT count this launcher's restarts too (as under torchrun's own).
+            os.environ.update(dataclasses.replace(plan.spec, restart_count=attempt - 1,
+                                                  max_restarts=plan.restarts_by_launcher).to_env())
+            # torchrun keeps per-run error files in a directory it never removes; give it one we do.
+            log_dir = tempfile.mkdtemp(prefix="attempt-", dir=run_dir)
+            config, entrypoint, args = _elastic_config(plan, log_dir)
+            try:
+                elastic_launch(config, entrypoint)(*args)
+            except ChildFailedError as failed:
+                # The agent reports only the failures it saw first; the error files of the attempt hold them all.
+                reported = dict(failed.failures)
+                first_rank = next((r - f.local_rank for r, f in reported.items()), plan.machine_rank * plan.processes_per_machine)
+                failures = all_failures(reported, log_dir, first_rank)
+                code = _exit_code(failures)
+                if read_preemption_record(record) is None and restarts_left > 0 and os.path.exists(progress):
+                    restarts_left -= 1
+                    sys.stderr.write(failure_summary(failures, plan.num_processes) + "\n")
+                    sys.stderr.write(f"hasten launch: restarting every process (attempt {attempt + 1}, "
+                                     f"{restarts_left} restart(s) left after it).\n")
+                    continue
+                return _preempted_or(code, record, failures=failures, reported=reported,
+                                     restarts_declined=restarts_left > 0)
+            except SignalException as stopped:  # kept as a number: the exception holds the agent's frames
+                return _preempted_or(128 + int(stopped.sigval), record, signum=int(stopped.sigval))
+            return Outcome()
+
+
+def _elastic_config(plan: LaunchPlan, log_dir: str) -> tuple[Any, Any, tuple[Any, ...]]:
+    """torchelastic's launch config, entrypoint and arguments: torchrun's, or a notebook plan's function (forked)."""
+    from torch.distributed.run import config_from_args, parse_args
+
+    config, command, args = config_from_args(parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()]))
+    if plan.function is None:
+        import torch.multiprocessing
+
+        torch.multiprocessing._set_thread_name("pt_elastic")  # as torchrun names its agent's thread
+        return config, command, tuple(args)
+    from .worker import run_function
+
+    return dataclasses.replace(config, **plan.elastic_settings()), run_function, (plan.function, tuple(plan.function_args))
+
+
+def _exit_code(failures: Mapping[int, Any]) -> int:
+    from .failures import root_cause
+
+    _, failure = root_cause(dict(failures))
+    return failure.exitcode if 0 < failure.exitcode < 256 else 1
+
+
+def _launch_log_levels(plan: LaunchPlan) -> dict[str, int]:
+    levels = dict(_LAUNCH_LOG_LEVELS)
+    if plan.quiet:
+        levels["torch.distributed.elastic"] = logging.ERROR
+    return levels
 
 
 def run_forwarding_signals(command: list[str]) -> int:
@@ -137,17 +249,64 @@ def run_forwarding_signals(command: list[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:  # mpirun reports a forwarded signal as a plain exit 1; say what happened
-        sig = received[0]
-        sys.stderr.write(f"hasten launch: stopped by {signal.Signals(sig).name}; all processes were ended.\n")
-        return 128 + int(sig)
+        first = received[0]
+        sys.stderr.write(f"hasten launch: stopped by {signal.Signals(first).name}; all processes were ended.\n")
+        return 128 + int(first)
     return 128 - code if code < 0 else code
 
 
-def _terminate_with_parent():
+def _terminate_with_parent() -> Any:
     """A `preexec_fn` that makes the child (mpirun) get SIGTERM when this launcher dies (Linux; None elsewhere)."""
-    from .lifetime import arm_parent_death_signal, parent_death_signal_available
+    from ..process.lifetime import arm_parent_death_signal, parent_death_signal_available
 
     if not parent_death_signal_available():  # also loads libc here, before the fork
         return None
     parent = os.getpid()
     return lambda: arm_parent_death_signal(parent)
+
+
+# -- this process is put back as it was ------------------------------------------------------------
+@contextlib.contextmanager
+def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set variables for the duration of the launch; afterwards the environment is exactly as before.
+
+    The elastic agent also writes to os.environ (TORCHELASTIC_*); those go too.
+    """
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _restored_signal_handlers() -> Iterator[None]:
+    """The agent installs SIGTERM/SIGINT/... handlers and leaves them; put the caller's back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {}
+    for name in AGENT_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            saved[sig] = signal.getsignal(sig)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _log_levels(levels: Mapping[str, int]) -> Iterator[None]:
+    saved = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)

@@ -1,28 +1,41 @@
-"""Runs the user's script inside each launched process.
+"""What each launched process runs around the user's code: a script (`main`) or a function (`run_function`).
 
 `hasten launch` starts ``python -m hasten.launch.worker [--module] TARGET ARGS...``
-on every rank instead of the script itself, so that whatever the script
+on every rank instead of the script itself; `notebook_launcher` forks
+processes that call `run_function`. Either way, whatever the user's code
 does, each rank
 
 - reports a crash with its rank in the terminal and in torchelastic's
   error file (the launcher then names the failed rank), and
 - leaves the process group cleanly on success (barrier + destroy), which
   gloo needs to avoid SIGABRT at interpreter exit.
+
+The means (`hasten.process`) are shared with every launched process; this
+module only decides when to use them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import runpy
+import signal
 import sys
-import traceback
-from types import TracebackType
+from typing import Any, Callable
 
-from .failures import is_peer_lost
+from ..launch_spec import EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
+from ..process.exit import exit_cleanly, exit_now, hide_frames_of, rank_label, record_failure
+from ..process.group import leave_process_group
+from ..process.lifetime import die_with_launcher
 
-__all__ = ["main", "export_peer_environment", "run_target", "record_failure", "exit_now", "exit_cleanly", "leave_process_group", "die_with_launcher"]
+__all__ = ["main", "run_function", "export_peer_environment", "run_target"]
 
-_HIDDEN_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+hide_frames_of(__file__)  # reports start at the user's frame, not this wrapper's
+
+# The agent's handlers, which a forked worker inherits (see `_reset_inherited_signals`).
+AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
 
 def run_target(target: str, args: list[str], module: bool = False) -> None:
     """Run a script path or module as ``__main__`` with `args` as its sys.argv[1:]."""
@@ -35,116 +48,15 @@ def run_target(target: str, args: list[str], module: bool = False) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
-def _is_hidden(filename: str) -> bool:
-    return filename in _HIDDEN_FILES or os.path.abspath(filename) in _HIDDEN_FILES
-
-
-def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
-    """Drop the worker's and runpy's own frames from the top of a traceback."""
-    while tb is not None and _is_hidden(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    return tb
-
-
-def _rank() -> str:
-    from hasten.topology import ProcessTopology  # torch-free: works under torchrun, MPI and SLURM
-
-    try:
-        return str(ProcessTopology.from_env().rank)
-    except ValueError:
-        return os.environ.get("RANK", "?")
-
-
-def record_failure(error: BaseException) -> None:
-    error.__traceback__ = _user_traceback(error.__traceback__)
-    if is_peer_lost(str(error)):
-        # Keep the terminal on the root cause: one line for the collateral failure.
-        sys.stderr.write(f"[hasten] rank {_rank()} stopped: another process of the run went away ({type(error).__name__}).\n")
-    else:
-        header = f"[hasten] rank {_rank()} failed with {type(error).__name__}: {error}"
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        sys.stderr.write(f"{header}\n{text}")
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-        handler = get_error_handler()
-        handler.initialize()
-        handler.record_exception(error)
-
-
 def is_preemption(stop: SystemExit) -> bool:
     preemption = sys.modules.get("hasten.checkpointing.preemption")  # loaded only if the script used it
     return preemption is not None and isinstance(stop, preemption.Preempted)
 
 
-def leave_process_group(success: bool) -> None:
-    if "torch.distributed" not in sys.modules:
-        return  # the script never touched torch.distributed
-    from hasten.state import shutdown_process_group
-
-    shutdown_process_group(success=success)
-
-
-def exit_now(code: int) -> None:
-    # After a failure, skip interpreter teardown: gloo may abort in it and
-    # turn a clean "exit 1" into a confusing SIGABRT.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def exit_cleanly(code: int = 0) -> None:
-    """End a finished rank as the interpreter would, but skip its C++ teardown.
-
-    At interpreter teardown, C++ objects that a gloo process group leaves
-    behind (a group the script still references after destroy_process_group,
-    say) are destroyed in no fixed order, and now and then one of them is a
-    still-joinable thread: "terminate called without an active exception",
-    SIGABRT, after all the work was done. So a finished rank does what
-    teardown would do for the user — wait for non-daemon threads, run the
-    atexit handlers, flush every open file — and then leaves with
-    ``os._exit``: the same result, every time.
-    """
-    import atexit
-    import gc
-    import io
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # prints (does not raise) the errors of failing handlers, as at a normal exit
-    for obj in gc.get_objects():
-        if issubclass(type(obj), io.IOBase):  # type(), not isinstance: no __class__ property is run
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except Exception:  # noqa: BLE001 - a broken file must not turn a finished run into a failure
-                pass
-    exit_now(code)
-
-
-def die_with_launcher() -> None:
-    """Ask Linux to SIGTERM this rank when its launcher dies, even by SIGKILL.
-
-    torchrun starts each rank in a session of its own, so killing the
-    launcher's process group would otherwise leave the ranks running; an
-    MPI rank's parent is mpirun (or Open MPI's orted), whose SIGKILL would
-    leave it running too.
-    """
-    launched = ("TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
-    if any(name in os.environ for name in launched):
-        from .lifetime import arm_parent_death_signal
-
-        arm_parent_death_signal(os.getppid())
-
-
 def export_peer_environment() -> None:
     """Add the variables Accelerate's launcher would export (derived from the launch spec) for the script to read."""
-    from hasten.launch_spec import SPEC_ENV_VAR, LaunchSpec
-
     if os.environ.get(SPEC_ENV_VAR):
-        os.environ.update(LaunchSpec.from_env().peer_env())
+        os.environ.update(LaunchSpec.current().peer_env())
 
 
 def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
@@ -164,23 +76,76 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
     except SystemExit as stop:
         if is_preemption(stop):  # the checkpoint is saved on every rank: leave together, quietly
             leave_process_group(success=True)
-            exit_now(int(stop.code))
+            exit_now(int(stop.code or 0))
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code != 0:
             if not isinstance(stop.code, int):
                 sys.stderr.write(f"{stop.code}\n")
-            sys.stderr.write(f"[hasten] rank {_rank()} exited with code {code}\n")
+            sys.stderr.write(f"[hasten] rank {rank_label()} exited with code {code}\n")
             exit_now(code)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line each, not N tracebacks
-        sys.stderr.write(f"[hasten] rank {_rank()} interrupted.\n")
-        exit_now(130)
+        sys.stderr.write(f"[hasten] rank {rank_label()} interrupted.\n")
+        exit_now(EXIT_INTERRUPTED)
     except BaseException as error:  # noqa: BLE001 - every failure must be reported with its rank
         record_failure(error)
-        exit_now(1)
+        exit_now(EXIT_FAILED)
     leave_process_group(success=True)
     if exit_when_done:
         exit_cleanly(0)
     return 0
+
+
+def run_function(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """What each forked process of `notebook_launcher` runs: the function, then a clean exit from the process group.
+
+    On failure the rank prints its traceback, writes torchelastic's error
+    file and exits at once (gloo may abort in interpreter teardown).
+    """
+    # Everything inherited from the launching process belongs to it: never collect it here.
+    # Its garbage may hold objects whose finalizers touch the parent's threads (a torch
+    # TCPStore joins its server thread), which a forked worker does not have: SIGSEGV.
+    gc.freeze()
+    _reset_inherited_signals()
+    die_with_launcher()
+    _apply_thread_count()
+    export_peer_environment()
+    try:
+        function(*args)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if code != 0:
+            record_failure(stop)
+            exit_now(code)
+    except BaseException as error:  # noqa: BLE001 - every failure must reach the caller with its rank
+        # Called inside this except block: torchelastic's error file takes the traceback of the
+        # exception being handled (record_failure drops this wrapper's frames from its top).
+        record_failure(error)
+        exit_now(EXIT_FAILED)
+    leave_process_group(success=True)
+    return None  # the agent pickles the return value; None always pickles
+
+
+def _reset_inherited_signals() -> None:
+    """Undo the agent's handlers a forked worker inherited: its signals must end a worker, not raise in it.
+
+    The agent stops workers with SIGTERM, or with the signal it got itself
+    (SIGINT when the kernel is interrupted); either ends the worker at once,
+    without a misleading "rank R failed with KeyboardInterrupt" report.
+    """
+    for name in AGENT_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def _apply_thread_count() -> None:
+    """A forked worker inherits torch's thread pool size; OMP_NUM_THREADS alone would not change it."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        import torch
+
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_threads(int(threads))
 
 
 if __name__ == "__main__":

@@ -1,76 +1,42 @@
-"""How models and optimizers are set up, stepped and saved for the run; chosen once by `select_strategy`."""
+"""How models and optimizers are set up, stepped and saved for the run; chosen once by `select.select_strategy`.
+
+- `base.py`: the seam, `Strategy` (what differs between engines), with its typed parts;
+- `select.py`: `select_strategy`, the one place an engine is chosen (with its precision);
+- `single.py`: one device;
+- one folder per engine, each with its plugin (the user's settings), strategy and checkpoint code:
+  `ddp/`, `fsdp/` (FSDP2), `deepspeed/` (ZeRO), `parallel/` (the N-D mesh, tensor and pipeline parallel).
+
+The names below are imported on first use: importing this package (or a plugin module) does not
+import torch, so the config reader and the CLI read the plugins' choices without it.
+
+Example:
+    >>> from hasten.strategies import Strategy, select_strategy
+    >>> Strategy.__name__
+    'Strategy'
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-import torch
+_EXPORTS = {
+    "Strategy": "base",
+    "SingleDeviceStrategy": "single",
+    "DDPStrategy": "ddp.strategy",
+    "select_strategy": "select",
+}
+__all__ = sorted(_EXPORTS)
 
-from ..precision import make_precision_policy
-from .base import Strategy, notice_once
-from .ddp import DDPStrategy
-from .single import SingleDeviceStrategy
 
-__all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "select_strategy"]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 
-def select_strategy(
-    device: torch.device,
-    world_size: int,
-    mixed_precision: str = "no",
-    *,
-    ddp_kwargs: dict[str, Any] | None = None,
-    ddp_comm_hook: Any = None,
-    scaler_kwargs: dict[str, Any] | None = None,
-    fsdp_plugin: Any = None,
-    deepspeed_plugin: Any = None,
-    parallelism_config: Any = None,
-    gradient_state: Any = None,
-    sync_each_batch: bool = False,
-    accumulation_given: bool = True,
-) -> Strategy:
-    """Choose the strategy and its precision together, once.
-
-    DeepSpeed when a `DeepSpeedPlugin` is given, FSDP2 for an FSDP plugin or a
-    `ParallelismConfig` that shards or splits tensors, else DDP for several
-    processes and a single device for one. (The sharded engines are imported
-    only when chosen.)
-
-    Example:
-        >>> strategy = select_strategy(torch.device("cpu"), 1, "bf16")
-        >>> type(strategy).__name__, strategy.precision.name
-        ('SingleDeviceStrategy', 'bf16')
-    """
-    if fsdp_plugin is not None and deepspeed_plugin is not None:
-        raise ValueError("FSDP and DeepSpeed cannot be used together; pass fsdp_plugin or deepspeed_plugin, not both.")
-    if deepspeed_plugin is not None:
-        from .deepspeed import DeepSpeedStrategy
-
-        return DeepSpeedStrategy.create(device, world_size, mixed_precision, deepspeed_plugin,
-                                        gradient_state=gradient_state, parallelism_config=parallelism_config,
-                                        accumulation_given=accumulation_given)
-    if fsdp_plugin is not None:
-        from ..fsdp_plugin import FullyShardedDataParallelPlugin
-
-        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
-            raise TypeError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}.")
-    if fsdp_plugin is not None and world_size == 1 and parallelism_config is None:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():  # `python script.py`: one process, no group to shard over
-            notice_once("FSDP with one process has nothing to shard; this run trains unsharded (launch with "
-                    "--num_processes N to shard).")
-            fsdp_plugin = None
-    if fsdp_plugin is not None or (parallelism_config is not None and parallelism_config.needs_sharded_engine):
-        from .fsdp import FSDPStrategy
-
-        return FSDPStrategy.create(device, world_size, mixed_precision, fsdp_plugin, parallelism_config=parallelism_config,
-                                   scaler_kwargs=scaler_kwargs, sync_each_batch=sync_each_batch)
-    precision = make_precision_policy(mixed_precision, device, scaler_kwargs)
-    if world_size > 1:
-        strategy: Strategy = DDPStrategy(device, precision, ddp_kwargs=ddp_kwargs, comm_hook=ddp_comm_hook)
-    else:
-        strategy = SingleDeviceStrategy(device, precision)
-    strategy.sync_each_batch = sync_each_batch
-    return strategy
-
+def __dir__() -> list[str]:
+    return sorted({*__all__, *globals()})

@@ -11,13 +11,19 @@ owns, for the models and optimizers it set up:
 
 The checkpoint layer (`hasten.checkpointing`) never reads a model or an
 optimizer directly: it asks the strategy.
+
+The engines meet the seam through typed parts: their plugins (`fsdp/plugin.py`,
+`deepspeed/plugin.py`, `parallel/mesh.py`), `AccumulationState` (what an engine
+that accumulates on its own reads of the run's `GradientState`) and
+`ShardedState` (what a strategy read from its own checkpoint files, handed back
+to the same strategy to apply).
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -25,7 +31,36 @@ from torch import nn
 from ..options import DistributedType
 from ..precision import PrecisionPolicy, make_precision_policy
 
-__all__ = ["Strategy", "notice_once"]
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# What `clip_grad_norm_` / `clip_grad_value_` accept (torch's own type): a tensor or an iterable of them.
+Parameters = torch.Tensor | Iterable[torch.Tensor]
+
+__all__ = ["Strategy", "AccumulationState", "ShardedState", "notice_once"]
+
+
+class AccumulationState(Protocol):
+    """What a strategy that steps at its own accumulation boundary (DeepSpeed) reads and sets of `GradientState`.
+
+    Example:
+        >>> from hasten.gradient_state import GradientState
+        >>> state: AccumulationState = GradientState(num_steps=2)
+        >>> state.num_steps
+        2
+    """
+
+    num_steps: int
+    sync_gradients: bool
+
+
+class ShardedState(Protocol):
+    """What `Strategy.read_checkpoint_files` read into new memory: opaque to the checkpoint layer, which hands it
+    back to the same strategy's `apply_checkpoint_files` once every process has read its part.
+
+    Example:
+        >>> state: ShardedState = []  # any object: only the strategy that read it looks inside
+    """
 
 _notices_given: set[str] = set()
 
@@ -71,7 +106,8 @@ class Strategy:
         return DistributedType.NO
 
     # -- set-up (prepare) ------------------------------------------------------------------
-    def setup(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[Any]]:
+    def setup(self, models: Sequence[nn.Module],
+              optimizers: Sequence[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         """Set up models, then the optimizers over their (possibly replaced) parameters."""
         prepared_models = [self.setup_module(model) for model in models]
         prepared_optimizers = [self.setup_optimizer(optimizer) for optimizer in optimizers]
@@ -91,7 +127,7 @@ class Strategy:
         return optimizer
 
     @property
-    def device_mesh(self) -> Any:
+    def device_mesh(self) -> DeviceMesh | None:
         """The `DeviceMesh` the engine shards over (None for engines without one)."""
         return None
 
@@ -138,11 +174,11 @@ class Strategy:
         else:
             loss.backward(**kwargs)
 
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
         """Step the optimizer (through the fp16 scaler when there is one); returns (result, step was skipped)."""
         return self.precision.step(optimizer, closure)
 
-    def zero_grad(self, optimizer: Any, set_to_none: bool = True) -> None:
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
         optimizer.zero_grad(set_to_none=set_to_none)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
@@ -153,17 +189,18 @@ class Strategy:
         """Context in which the next backward synchronises gradients even inside `no_sync` (nothing to do here)."""
         return contextlib.nullcontext()
 
-    def unscale_gradients(self, optimizers: Sequence[Any]) -> None:
+    def unscale_gradients(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Divide gradients by the fp16 loss scale, once per step (a no-op without fp16)."""
         for optimizer in optimizers:
             self.precision.unscale(optimizer)
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float, optimizers: Sequence[Any]) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Parameters, max_norm: float, norm_type: float,
+                        optimizers: Sequence[torch.optim.Optimizer]) -> torch.Tensor:
         """Unscale, then clip the total gradient norm of `parameters`; returns that norm."""
         self.unscale_gradients(optimizers)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    def clip_grad_value_(self, parameters: Any, clip_value: float, optimizers: Sequence[Any]) -> None:
+    def clip_grad_value_(self, parameters: Parameters, clip_value: float, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.unscale_gradients(optimizers)
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
@@ -190,10 +227,10 @@ class Strategy:
     def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
         self.unwrap_model(model).load_state_dict(state_dict)
 
-    def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         optimizer.load_state_dict(state_dict)
 
     def model_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -207,14 +244,16 @@ class Strategy:
             param.grad = None if saved is None else saved.to(device=param.device, dtype=param.dtype)
 
     # -- sharded checkpoint files (only when `writes_own_checkpoint_files`) -------------------
-    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, int]:
+    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
         """Write this process's part of models and optimizers under `directory`; returns {relative path: size}."""
         raise NotImplementedError(f"{type(self).__name__} saves full state dicts through the checkpoint layer")
 
-    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> Any:
+    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
         """Read and check this process's part into new memory; nothing live is changed."""
         raise NotImplementedError(f"{type(self).__name__} loads full state dicts through the checkpoint layer")
 
-    def apply_checkpoint_files(self, contents: Any) -> None:
+    def apply_checkpoint_files(self, contents: ShardedState) -> None:
         """Put what `read_checkpoint_files` returned into the live models and optimizers."""
         raise NotImplementedError(f"{type(self).__name__} loads full state dicts through the checkpoint layer")

@@ -76,7 +76,7 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[str | Gener
             raise ValueError(f"log_with got an unknown tracker {item!r}; use one of {sorted(_BACKENDS)}, 'all', "
                              "or a GeneralTracker instance.")
         _, _, package = _BACKENDS[name]
-        if not _installed(package):
+        if package is not None and not _installed(package):
             raise ImportError(f"log_with={name!r} needs the {package.split('|')[0]} package, which is not installed: "
                               f"pip install {package.split('|')[0]}")
         if tracker_class(name).requires_logging_directory and logging_dir is None:
@@ -92,7 +92,7 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[str | Gener
 
 def start_tracker(name: str, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]) -> GeneralTracker:
     """Create the named tracker for `project_name` (what `init_trackers` does for each name)."""
-    cls = tracker_class(name)
+    cls: Any = tracker_class(name)  # a backend class: its own constructor arguments
     if cls.requires_logging_directory:
         return cls(project_name, logging_dir, **kwargs)
     if logging_dir is not None and "logging_dir" in inspect.signature(cls).parameters:

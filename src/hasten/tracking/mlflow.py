@@ -21,7 +21,9 @@ class MLflowTracker(GeneralTracker):
     deprecated). ``MLFLOW_EXPERIMENT_NAME`` / ``MLFLOW_RUN_ID`` are honoured.
 
     Example:
-        >>> tracker = MLflowTracker("my-experiment", logging_dir="runs")  # doctest: +SKIP
+        >>> tracker = MLflowTracker("my-experiment", logging_dir="runs")
+        >>> tracker.log({"loss": 0.5}, step=0)
+        >>> tracker.finish()
     """
 
     name = "mlflow"
@@ -40,14 +42,17 @@ class MLflowTracker(GeneralTracker):
         if not os.environ.get("MLFLOW_TRACKING_URI") and logging_dir is not None:
             Path(logging_dir).mkdir(parents=True, exist_ok=True)
             mlflow.set_tracking_uri(f"sqlite:///{Path(logging_dir).resolve() / 'mlflow.db'}")
+        run_tags: dict[str, Any] | None
         if isinstance(tags, str):
             import json
 
-            tags = json.loads(tags)
+            run_tags = json.loads(tags)
+        else:
+            run_tags = tags
         experiment = mlflow.get_experiment_by_name(experiment_name)
-        experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(experiment_name, tags=tags)
+        experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(experiment_name, tags=run_tags)
         self.active_run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=run_name,
-                                           nested=nested_run, tags=tags, description=description)
+                                           nested=nested_run, tags=run_tags, description=description)
         self._mlflow = mlflow
 
     @property

@@ -16,9 +16,9 @@ def _summary_writer() -> Any:
 
         return SummaryWriter
     if is_installed("tensorboardX"):
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter as WriterX
 
-        return SummaryWriter
+        return WriterX
     raise missing_package_error("tensorboard", "tensorboard")
 
 
@@ -26,8 +26,9 @@ class TensorBoardTracker(GeneralTracker):
     """Event files under ``<logging_dir>/<run_name>``; scalars, text, and the config as hparams.
 
     Example:
-        >>> import tempfile
-        >>> tracker = TensorBoardTracker("run", tempfile.mkdtemp())  # doctest: +SKIP
+        >>> tracker = TensorBoardTracker("run", "runs")
+        >>> tracker.log({"loss": 0.5}, step=0)
+        >>> tracker.finish()
     """
 
     name = "tensorboard"

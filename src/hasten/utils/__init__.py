@@ -1,11 +1,12 @@
-"""Helpers under the import path users know (``from hasten.utils import set_seed, gather, ...``).
+"""The peer's ``accelerate.utils`` path (``from hasten.utils import set_seed, gather, ...``): names only.
+
+Every name is defined once in hasten's own modules; this package and its
+modules (``hasten.utils.operations``, ``.dataclasses``, ...) only re-export them.
 
 Example:
     >>> from hasten.utils import set_seed
     >>> set_seed(0)
 """
-
-from __future__ import annotations
 
 from .operations import (
     broadcast,
@@ -52,7 +53,7 @@ from .environment import (
     str_to_bool,
 )
 from .imports import *  # noqa: F401,F403 - the is_*_available probes
-from .imports import __all__ as _probes
+from ..availability import PROBES as _probes
 from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
@@ -70,7 +71,7 @@ from .other import (
 from .random import synchronize_rng_state, synchronize_rng_states
 from .tqdm import tqdm
 from .unavailable import *  # noqa: F401,F403 - features hasten lacks: they exist and refuse when used
-from .unavailable import __all__ as _unavailable
+from ..unavailable import __all__ as _unavailable
 from .versions import compare_versions, is_torch_version
 from ..checkpointing.constants import (
     MODEL_NAME,
@@ -98,6 +99,48 @@ from ..options import (
     ProfileKwargs,
 )
 from ..saving import load, save
+from ..strategies.deepspeed.config import HfDeepSpeedConfig
+from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
+from ..strategies.deepspeed.plugin import DeepSpeedPlugin
+from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from ..strategies.parallel.mesh import ParallelismConfig
+from .fsdp_utils import load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model, save_fsdp_optimizer
+from .modeling import (
+    align_module_device,
+    calculate_maximum_sizes,
+    check_device_map,
+    check_tied_parameters_in_config,
+    check_tied_parameters_on_same_device,
+    clean_device_map,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    find_tied_parameters,
+    get_balanced_memory,
+    get_grad_scaler,
+    get_max_layer_size,
+    get_max_memory,
+    get_mixed_precision_context_manager,
+    has_offloaded_params,
+    id_tensor_storage,
+    infer_auto_device_map,
+    is_peft_model,
+    load_offloaded_weights,
+    load_state_dict,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from .offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
 from ..seeding import set_seed
 from ..throughput import ThroughputMeter, count_flops_per_sample, peak_flops
 
@@ -190,42 +233,18 @@ __all__ = [
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
 ]
-
-# Engine plugins and helpers, imported on first use (they pull in torch.distributed pieces).
-_LAZY = {
-    "FullyShardedDataParallelPlugin": "..fsdp_plugin",
-    "DeepSpeedPlugin": "..deepspeed_plugin",
-    "DummyOptim": "..deepspeed_plugin",
-    "DummyScheduler": "..deepspeed_plugin",
-    "HfDeepSpeedConfig": "..deepspeed_plugin",
-    "ParallelismConfig": "..parallelism_config",
-    "merge_fsdp_weights": ".fsdp_utils",
-    "save_fsdp_model": ".fsdp_utils",
-    "load_fsdp_model": ".fsdp_utils",
-    "save_fsdp_optimizer": ".fsdp_utils",
-    "load_fsdp_optimizer": ".fsdp_utils",
-}
-# Big-model helpers (`accelerate.utils.modeling` / `.offload` names), from `hasten.big_modeling`.
-_LAZY.update({name: ".modeling" for name in (
+# Engine plugins and helpers, and the big-model helpers (``accelerate.utils.modeling`` / ``.offload`` names).
+__all__ += sorted([
+    "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig",
+    "ParallelismConfig", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer",
+    "load_fsdp_optimizer",
     "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",
     "compute_module_total_buffer_size", "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters",
     "get_balanced_memory", "get_max_layer_size", "get_max_memory", "infer_auto_device_map", "load_offloaded_weights",
     "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "align_module_device", "calculate_maximum_sizes", "check_tied_parameters_in_config", "get_grad_scaler",
     "get_mixed_precision_context_manager", "has_offloaded_params", "id_tensor_storage", "is_peft_model",
-    "load_state_dict")})
-_LAZY.update({name: ".offload" for name in (
+    "load_state_dict",
     "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
-    "offload_state_dict", "offload_weight", "save_offload_index")})
-__all__ += sorted(_LAZY)
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hasten.utils' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+    "offload_state_dict", "offload_weight", "save_offload_index",
+])

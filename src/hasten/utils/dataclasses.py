@@ -1,18 +1,13 @@
 """Option classes under the peer's path (``accelerate.utils.dataclasses``).
 
-They are defined in `hasten.options` (and the engine plugins in their own
-modules, imported on first use).
+They are defined in `hasten.options` and, for the engine plugins, in
+`hasten.strategies.fsdp.plugin` / `hasten.strategies.deepspeed.plugin`.
 
 Example:
     >>> from hasten.utils.dataclasses import AutocastKwargs, DDPCommunicationHookType
     >>> AutocastKwargs(enabled=False).enabled
     False
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
 
 from ..checkpointing.project import ProjectConfiguration
 from ..options import (
@@ -37,8 +32,10 @@ from ..options import (
     RNGType,
     TorchDynamoPlugin,
 )
+from ..strategies.deepspeed.plugin import DeepSpeedPlugin
+from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..tracking.base import LoggerType
-from .unavailable import (
+from ..unavailable import (
     AORecipeKwargs,
     DeepSpeedSequenceParallelConfig,
     FP8RecipeKwargs,
@@ -55,14 +52,3 @@ __all__ = [
     "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType", "AORecipeKwargs",
     "DeepSpeedSequenceParallelConfig", "FP8RecipeKwargs", "MegatronLMPlugin", "MSAMPRecipeKwargs", "TERecipeKwargs",
 ]
-
-_LAZY = {"FullyShardedDataParallelPlugin": "..fsdp_plugin", "DeepSpeedPlugin": "..deepspeed_plugin"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hasten.utils.dataclasses' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __package__), name)
-    globals()[name] = value
-    return value

@@ -1,4 +1,4 @@
-"""DeepSpeed names under the peer's import path (``accelerate.utils.deepspeed``); they live in `hasten.deepspeed_plugin`.
+"""The peer's ``accelerate.utils.deepspeed`` path: names only; the code lives in `hasten.strategies.deepspeed`.
 
 Example:
     >>> from hasten.utils.deepspeed import DeepSpeedPlugin
@@ -6,15 +6,10 @@ Example:
     3
 """
 
-from __future__ import annotations
+from ..errors import DeepSpeedConfigError
+from ..strategies.deepspeed.config import HfDeepSpeedConfig, require_deepspeed
+from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
+from ..strategies.deepspeed.plugin import DeepSpeedPlugin
 
-import importlib
-
-_NAMES = ("DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "DeepSpeedConfigError", "require_deepspeed")
-__all__ = list(_NAMES)
-
-
-def __getattr__(name: str) -> object:
-    if name not in _NAMES:
-        raise AttributeError(f"module 'hasten.utils.deepspeed' has no attribute {name!r}")
-    return getattr(importlib.import_module("hasten.deepspeed_plugin"), name)
+__all__ = ["DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "DeepSpeedConfigError",
+           "require_deepspeed"]

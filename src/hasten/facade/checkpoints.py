@@ -1,0 +1,275 @@
+"""The Accelerator's checkpoint part: Accelerate's checkpoint methods, over `hasten.checkpointing`.
+
+This part keeps what a checkpoint holds beyond the prepared objects (the
+registered objects, the pre-hooks) and builds, at each call, the plain
+`SaveSet` the checkpoint layer is handed; that layer never sees the
+`Accelerator`.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from ..checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
+from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
+
+if TYPE_CHECKING:
+    from ..checkpointing.project import ProjectConfiguration
+    from ..data.loader import PreparedDataLoader
+    from ..gradient_state import GradientState
+    from ..runtime.optimizer import AcceleratedOptimizer
+    from ..runtime.scheduler import AcceleratedScheduler
+    from ..runtime.state import AcceleratorState
+    from ..strategies.base import Strategy
+
+__all__ = ["CheckpointPart"]
+
+
+def _training_progress(accelerator: "weakref.ref[CheckpointPart]") -> Callable[[], list[int] | None]:
+    """Batches each training loader handed out so far (never reset): a process past the main process's batch
+    did not call save_state there (see `checkpointing.handshake`)."""
+
+    def progress() -> list[int] | None:
+        owner = accelerator()
+        if owner is None:
+            return None
+        cursors = [getattr(loader, "cursor", None) for loader in owner._dataloaders]
+        return [c.handed_out for c in cursors if c is not None and c.training]
+
+    return progress
+
+
+class CheckpointPart:
+    """`save_state` / `load_state`, registered objects, hooks, `save_model`, `get_state_dict`.
+
+    Example:
+        >>> import tempfile
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True)
+        >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+        >>> accelerator.load_state(accelerator.save_state(tempfile.mkdtemp() + "/ckpt")) is not None
+        True
+    """
+
+    # Shared values this part reads (set once by `Accelerator.__init__`).
+    state: AcceleratorState
+    strategy: Strategy
+    gradient_state: GradientState
+    scaler: torch.amp.GradScaler | None
+    project_configuration: ProjectConfiguration
+    use_stateful_dataloader: bool
+    _models: list[nn.Module]
+    _optimizers: list[AcceleratedOptimizer]
+    _schedulers: list[AcceleratedScheduler]
+    _dataloaders: list[PreparedDataLoader]
+
+    def _init_checkpoints(self) -> None:
+        """Registered objects and hooks; the batch-boundary watch (preemption, progress); progress for the watchdog.
+
+        Called last in `Accelerator.__init__`: with preemption on several
+        processes the watch builds a gloo group (a collective).
+        """
+        self._custom_objects: list[Any] = []
+        # OrderedDict: torch's RemovableHandle keeps a weak reference to it (a plain dict cannot have one)
+        self._save_state_pre_hooks: OrderedDict[int, SaveHook] = OrderedDict()
+        self._load_state_pre_hooks: OrderedDict[int, LoadHook] = OrderedDict()
+        from ..process import watchdog
+
+        watchdog.set_progress(_training_progress(weakref.ref(self)))
+        # Batch boundaries of the training loader: preemption (with automatic naming) and restart progress.
+        self._boundary_watch = BoundaryWatch(lambda: self.save_state(), self._process_facts(),
+                                             preemption=self.project_configuration.automatic_checkpoint_naming,
+                                             progress_file=os.environ.get(PROGRESS_ENV))
+        self._boundary_watch.install(self.gradient_state)
+
+    def _process_facts(self) -> ProcessFacts:
+        state = self.state
+        return ProcessFacts(rank=state.process_index, world=state.num_processes, is_main=state.is_main_process,
+                            is_local_main=state.is_local_main_process)
+
+    def _save_set(self) -> SaveSet:
+        """Everything a checkpoint holds, as the plain value `hasten.checkpointing` is handed."""
+        return SaveSet(
+            engine=self.strategy, process=self._process_facts(), project=self.project_configuration,
+            counter=self.gradient_state, models=list(self._models), optimizers=list(self._optimizers),
+            schedulers=list(self._schedulers), dataloaders=list(self._dataloaders), custom=list(self._custom_objects),
+            scaler=self.scaler, save_pre_hooks=list(self._save_state_pre_hooks.values()),
+            load_pre_hooks=list(self._load_state_pre_hooks.values()), restore_position=self.use_stateful_dataloader,
+        )
+
+    # -- where ------------------------------------------------------------------------------
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatic checkpoint gets (``checkpoint_<save_iteration>``)."""
+        return self.project_configuration.iteration
+
+    @property
+    def step(self) -> int:
+        """Micro-steps counted by `accumulate` in the current accumulation cycle (saved with the state)."""
+        return self.gradient_state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.gradient_state.step = value
+
+    # -- what is saved ----------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects with `save_state` / `load_state` (anything with `state_dict` / `load_state_dict`).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.register_for_checkpointing(torch.nn.Linear(2, 2))
+        """
+        invalid = [f"#{i} ({type(obj).__name__})" for i, obj in enumerate(objects)
+                   if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+        if invalid:
+            raise ValueError(
+                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                f"{', '.join(invalid)} lack them. Give them both methods (or wrap them in an object that has them)."
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[[list[nn.Module], list[dict[str, Any]], str], None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before saving; popping from `weights` skips those models.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> handle = Accelerator(cpu=True).register_save_state_pre_hook(lambda models, weights, out: None)
+            >>> handle.remove()
+        """
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[[list[nn.Module], str], None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before loading; popping from `models` skips loading those models."""
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    # -- save / load ------------------------------------------------------------------------
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """Save everything prepared and registered, atomically; returns the checkpoint directory.
+
+        Without `output_dir`, automatic checkpoint naming writes
+        ``project_dir/checkpoints/checkpoint_<iteration>`` and, with
+        `total_limit`, removes the oldest complete ones after the new one is
+        complete. The files have Accelerate's names, plus hasten's manifest
+        ``hasten_checkpoint.json`` (written last: the checkpoint is complete).
+
+        Call it on every process — or, as Accelerate allows, on the main
+        process only (``if accelerator.is_main_process:``): with one process
+        or DDP the main process then saves everything it holds without
+        waiting for the others (they keep their own RNG states when loading);
+        under FSDP or DeepSpeed, whose state is sharded, that call fails
+        within seconds saying so.
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+            >>> path = accelerator.save_state(tempfile.mkdtemp() + "/ckpt")
+        """
+        if save_model_func_kwargs:
+            raise TypeError(f"save_state got unexpected keyword arguments {sorted(save_model_func_kwargs)}; "
+                            "hasten's save_state takes output_dir and safe_serialization.")
+        from ..checkpointing.save import save_checkpoint
+
+        return str(save_checkpoint(self._save_set(), None if output_dir is None else os.fspath(output_dir),
+                                   safe_serialization))
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, load_kwargs: dict[str, Any] | None = None,
+                   **load_model_func_kwargs: Any) -> str | None:
+        """Restore everything `save_state` saved; checks the whole checkpoint before changing anything.
+
+        Without `input_dir`, automatic checkpoint naming loads the newest
+        complete checkpoint, and does nothing (returns None) when the
+        project has none yet — so one ``accelerator.load_state()`` line makes
+        a script resume after a crash, a restart or a preemption. With
+        ``DataLoaderConfiguration(use_stateful_dataloader=True)`` the loaders
+        also resume their position: the next pass yields the rest of the
+        interrupted epoch. Returns the directory loaded.
+
+        A folder written by Accelerate's own `save_state` loads too (weights,
+        optimizer, scheduler, scaler, registered objects, RNG states), so a run
+        can switch libraries between two saves. Pickled files are read with
+        ``weights_only=True``; for a checkpoint you trust that holds other
+        Python objects, pass ``load_kwargs={"weights_only": False}`` (as
+        under Accelerate). ``map_location`` is accepted and not needed.
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+            >>> path = accelerator.save_state(tempfile.mkdtemp() + "/ckpt")
+            >>> accelerator.load_state(path) == path
+            True
+        """
+        load_model_func_kwargs.pop("map_location", None)  # hasten reads to the CPU and copies into place
+        if load_model_func_kwargs:
+            raise TypeError(f"load_state got unexpected keyword arguments {sorted(load_model_func_kwargs)}; "
+                            "hasten's load_state takes input_dir, load_kwargs and map_location.")
+        from ..checkpointing.load import load_checkpoint
+
+        path = load_checkpoint(self._save_set(), None if input_dir is None else os.fspath(input_dir),
+                               on_missing_rng=lambda message: print(f"hasten: {message}", flush=True),
+                               load_kwargs=load_kwargs)
+        if input_dir is None:  # automatic resume: say what happened
+            if path is None:
+                self.state.print(f"hasten: no checkpoint yet under {self.project_configuration.project_dir}; "
+                                 "starting from the beginning.")
+            else:
+                self.state.print(f"hasten: resumed from {path}.")
+        return None if path is None else str(path)
+
+    # -- model weights ------------------------------------------------------------------------
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (gathered from every process when the strategy shards it).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> sorted(Accelerator(cpu=True).get_state_dict(torch.nn.Linear(2, 2)))
+            ['bias', 'weight']
+        """
+        return self.strategy.model_state_dict(model)
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike[str], max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Write the model's weights as safetensors shards of at most `max_shard_size` plus an index (main process).
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> folder = tempfile.mkdtemp()
+            >>> Accelerator(cpu=True).save_model(torch.nn.Linear(2, 2), folder)
+            >>> import os; os.listdir(folder)
+            ['model.safetensors']
+        """
+        from ..checkpointing.model_files import write_model_files
+
+        state = self.get_state_dict(model)
+        if self.state.is_main_process:
+            if os.path.isfile(save_directory):
+                raise ValueError(f"save_model needs a directory, but {save_directory} is a file.")
+            write_model_files(state, Path(save_directory), max_shard_size, safe_serialization)
+        self.state.wait_for_everyone()

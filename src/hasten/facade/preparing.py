@@ -1,0 +1,314 @@
+"""The Accelerator's prepare part: `prepare` and its family, how loaders are prepared, compiling prepared models.
+
+What `prepare` returns is remembered here (`_models`, `_optimizers`,
+`_schedulers`, `_dataloaders`): checkpoints, clipping and `free_memory`
+read those lists.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ..options import DataLoaderConfiguration, DynamoBackend, TorchDynamoPlugin
+from ..runtime.optimizer import AcceleratedOptimizer
+from ..runtime.scheduler import AcceleratedScheduler
+
+if TYPE_CHECKING:
+    from ..data import PreparedDataLoader
+    from ..gradient_state import GradientState
+    from ..runtime.state import AcceleratorState
+    from ..strategies.base import Strategy
+
+__all__ = ["PreparePart", "make_dynamo_plugin"]
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
+
+
+def _is_prepared_loader(obj: Any) -> TypeGuard[PreparedDataLoader]:
+    from ..data.loader import PreparedDataLoader
+
+    return isinstance(obj, PreparedDataLoader)
+
+
+def _is_preparable(obj: Any) -> bool:
+    return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
+
+
+def make_dynamo_plugin(dynamo_backend: Any = None, dynamo_plugin: TorchDynamoPlugin | None = None) -> TorchDynamoPlugin:
+    """The compile settings from `Accelerator(dynamo_backend=..., dynamo_plugin=...)` (not both).
+
+    Example:
+        >>> make_dynamo_plugin("eager").enabled, make_dynamo_plugin().enabled
+        (True, False)
+    """
+    if dynamo_plugin is not None and dynamo_backend is not None:
+        raise ValueError("pass dynamo_backend or dynamo_plugin, not both.")
+    if dynamo_plugin is not None:
+        if not isinstance(dynamo_plugin, TorchDynamoPlugin):
+            raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got a {type(dynamo_plugin).__name__}.")
+        return dynamo_plugin
+    return TorchDynamoPlugin(backend=dynamo_backend if dynamo_backend is not None else DynamoBackend.NO)
+
+
+class PreparePart:
+    """`prepare` (models, optimizers, loaders, schedulers in any order), `unwrap_model`, `dataloader_config`.
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True)
+        >>> model, optimizer = accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD([torch.ones(1)], lr=0.1))
+        >>> type(optimizer).__name__
+        'AcceleratedOptimizer'
+    """
+
+    # Shared values this part reads (set once by `Accelerator.__init__`).
+    state: AcceleratorState
+    device: torch.device
+    strategy: Strategy  # sets models and optimizers up; where a loader's process sits among the data groups
+    gradient_state: GradientState
+    dynamo_plugin: TorchDynamoPlugin
+    step_scheduler_with_optimizer: bool
+    _scheduler_once_per_step: bool
+
+    def _init_loader_settings(self, config: DataLoaderConfiguration, split_batches: bool | None, even_batches: bool | None,
+                              device_placement: bool, rng_types: list[Any] | None) -> None:
+        """How loaders are prepared: the configuration, with `split_batches` / `even_batches` given directly winning."""
+        self.split_batches = config.split_batches if split_batches is None else split_batches
+        self.even_batches = config.even_batches if even_batches is None else even_batches
+        self.dispatch_batches = config.dispatch_batches  # None: iterable datasets are dispatched (Accelerate's default)
+        self.device_placement = device_placement
+        self.use_stateful_dataloader = config.use_stateful_dataloader
+        self.use_seedable_sampler = config.use_seedable_sampler
+        self.data_seed = config.data_seed
+        self.keyed_shuffle = config.keyed_shuffle
+        if config.data_seed is not None and not (config.use_seedable_sampler or config.keyed_shuffle):
+            warnings.warn("DataLoaderConfiguration(data_seed=...) applies only with use_seedable_sampler=True (or "
+                          "keyed_shuffle=True), as in Accelerate; set one of them or drop data_seed.", stacklevel=3)
+        self._non_blocking = config.non_blocking
+        # Every prepared loader makes these generators equal on all processes at the start of each pass.
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+
+    def _init_prepared(self) -> None:
+        """What `prepare` returned, in order (read by checkpoints, clipping, `free_memory`)."""
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._seen: dict[int, Any] = {}  # id -> object, for inputs and outputs of prepare
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers, in any order.
+
+        Returns the prepared objects in the order given (a single object when
+        one was passed). Objects of other types are returned unchanged.
+        Models are done first and schedulers last, so each can refer to the
+        others whatever order they are passed in.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+        """
+        self.state._check_current("distributed_type")  # refuses after AcceleratorState._reset_state(), as the peer
+        if device_placement is not None and len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object.")
+        placement: list[bool | None] = list(device_placement) if device_placement else [None] * len(args)
+        for obj in args:
+            self._refuse_prepared(obj)
+        preparable = [id(obj) for obj in args if _is_preparable(obj) and not _is_prepared_loader(obj)]
+        if len(set(preparable)) < len(preparable):
+            raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
+        results: list[Any] = list(args)
+        # Models and optimizers are set up together: a sharded strategy replaces the parameters optimizers hold.
+        batch_sizes = [obj.batch_size for obj in args if isinstance(obj, DataLoader) and obj.batch_size is not None]
+        if batch_sizes:  # an engine (DeepSpeed) sizes its batches from the first loader's
+            per_process = batch_sizes[0] // (self.state.num_processes if self.split_batches else 1)
+            self.strategy.observe_micro_batch_size(per_process)
+        model_slots = [i for i, obj in enumerate(args) if isinstance(obj, nn.Module)]
+        optimizer_slots = [i for i, obj in enumerate(args) if isinstance(obj, torch.optim.Optimizer)]
+        prepared_models, prepared_optimizers = self._setup(
+            [args[i] for i in model_slots], [placement[i] for i in model_slots], [args[i] for i in optimizer_slots]
+        )
+        for i, prepared in zip(model_slots + optimizer_slots, [*prepared_models, *prepared_optimizers]):
+            results[i] = prepared
+        for i, obj in enumerate(args):
+            if isinstance(obj, DataLoader):
+                results[i] = self.prepare_data_loader(obj, device_placement=placement[i])
+        for i, obj in enumerate(args):  # last: a scheduler refers to its prepared optimizer
+            if _is_scheduler(obj):
+                results[i] = self.prepare_scheduler(obj)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _setup(self, models: list[nn.Module], placements: list[bool | None],
+               optimizers: list[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[AcceleratedOptimizer]]:
+        """Hand models and optimizers to the strategy together; remember what it returned."""
+        for optimizer in optimizers:
+            if isinstance(optimizer, AcceleratedOptimizer):
+                raise ValueError("this optimizer was prepared by another Accelerator; pass the original torch optimizer.")
+        strategy = self.strategy
+        # A model is set up for training unless the user asked not to place it (and nothing needs wrapping).
+        trained = [(self.device_placement if p is None else p) or self.state.use_distributed for p in placements]
+        to_wrap = [model for model, train in zip(models, trained) if train]
+        if strategy.requires_joint_setup and (to_wrap or optimizers) and not (to_wrap and optimizers):
+            given = "a model" if to_wrap else "an optimizer"
+            raise ValueError(
+                f"under {strategy.name} the model and its optimizer are set up together, but prepare got {given} alone; "
+                "pass them in the same call: accelerator.prepare(model, optimizer, ...)."
+            )
+        wrapped, stepped = strategy.setup(to_wrap, optimizers)
+        self._compile_models(wrapped)  # torch.compile in place, when a dynamo backend is set
+        wrapped_iter = iter(wrapped)
+        prepared_models = [next(wrapped_iter) if train else strategy.place_module(model, place=False)
+                           for model, train in zip(models, trained)]
+        for model, prepared in zip(models, prepared_models):
+            self._models.append(prepared)
+            self._remember(model, prepared)
+        prepared_optimizers: list[AcceleratedOptimizer] = []
+        for optimizer, inner in zip(optimizers, stepped):
+            prepared_optimizer = AcceleratedOptimizer(inner, self.gradient_state, strategy)
+            self._optimizers.append(prepared_optimizer)
+            self._remember(optimizer, prepared_optimizer)
+            prepared_optimizers.append(prepared_optimizer)
+        return prepared_models, prepared_optimizers
+
+    def _refuse_prepared(self, obj: Any) -> None:
+        if _is_prepared_loader(obj):
+            return  # a prepared loader passed again comes back unchanged (scripts that re-prepare rely on it)
+        if id(obj) in self._seen and self._seen[id(obj)] is obj:
+            kind = type(obj).__name__
+            raise ValueError(
+                f"this {kind} was already passed to or returned by accelerator.prepare; "
+                "prepare each object once and keep using the object prepare returned."
+            )
+
+    def _remember(self, original: Any, prepared: Any) -> None:
+        self._seen[id(original)] = original
+        self._seen[id(prepared)] = prepared
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
+        """Set the model up for the strategy (e.g. wrap it in DDP) with its forward under the precision's autocast.
+
+        With `evaluation_mode=True` the model is only placed and cast, never
+        wrapped for gradient synchronisation.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.prepare_model(torch.nn.Linear(2, 2)).weight.device.type
+            'cpu'
+        """
+        self._refuse_prepared(model)
+        if evaluation_mode:
+            place = self.device_placement if device_placement is None else device_placement
+            prepared = self.strategy.place_module(model, place)
+            self._models.append(prepared)
+            self._remember(model, prepared)
+            return prepared
+        return self._setup([model], [device_placement], [])[0][0]
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wrap the optimizer so it steps only on synchronising steps, through the strategy (and fp16 scaler)."""
+        self._refuse_prepared(optimizer)
+        return self._setup([], [], [optimizer])[1][0]
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
+        """Shard the loader across processes and move its batches to the device (see `hasten.data`).
+
+        A loader that is already prepared is returned unchanged.
+        """
+        if _is_prepared_loader(data_loader):
+            return data_loader
+        self._refuse_prepared(data_loader)
+        place = self.device_placement if device_placement is None else device_placement
+        from ..data import prepare_data_loader  # imported on first use: `from hasten import Accelerator` stays fast
+
+        data_groups, data_group = self.strategy.data_parallel_layout(self.state.num_processes, self.state.process_index)
+
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=data_groups,
+            process_index=data_group,
+            split_batches=self.split_batches,
+            put_on_device=place,
+            rng_types=list(self.rng_types),
+            dispatch_batches=self.dispatch_batches,
+            even_batches=self.even_batches,
+            use_seedable_sampler=self.use_seedable_sampler,
+            data_seed=self.data_seed,
+            non_blocking=self._non_blocking,
+            gradient_state=self.gradient_state,
+            keyed_shuffle=self.keyed_shuffle,
+        )
+        self._dataloaders.append(prepared)
+        self._remember(data_loader, prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap the scheduler so it steps only with its optimizer, as Accelerate's does (see `hasten.runtime.scheduler`)."""
+        self._refuse_prepared(scheduler)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
+        prepared = AcceleratedScheduler(scheduler, optimizers or list(self._optimizers), self.step_scheduler_with_optimizer,
+                                        self.split_batches, gradient_state=self.gradient_state,
+                                        num_processes=1 if self._scheduler_once_per_step else self.state.num_processes)
+        self._schedulers.append(prepared)
+        self._remember(scheduler, prepared)
+        return prepared
+
+    # -- torch.compile ----------------------------------------------------------------------
+    def _compile_models(self, models: list[nn.Module]) -> None:
+        """Compile each prepared model in place (`nn.Module.compile`) when a dynamo backend is set."""
+        plugin = self.dynamo_plugin
+        if not plugin.enabled:
+            return
+        for model in models:
+            self.strategy.unwrap_model(model).compile(**plugin.to_kwargs())
+
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
+        """The user's own module, without DDP (and torch.compile, autocast unless asked to keep them).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> net = torch.nn.Linear(2, 2)
+            >>> accelerator.unwrap_model(accelerator.prepare(net)) is net
+            True
+        """
+        from ..unwrap import extract_model_from_parallel
+
+        return extract_model_from_parallel(self.strategy.unwrap_model(model), keep_fp32_wrapper, keep_torch_compile)
+
+    # -- how loaders are prepared ---------------------------------------------------------------------------
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """How this Accelerator prepares loaders, as a `DataLoaderConfiguration`.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True, even_batches=False).dataloader_config.even_batches
+            False
+        """
+        return DataLoaderConfiguration(split_batches=self.split_batches, even_batches=self.even_batches,
+                                       non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader,
+                                       data_seed=self.data_seed, dispatch_batches=self.dispatch_batches,
+                                       use_seedable_sampler=self.use_seedable_sampler, keyed_shuffle=self.keyed_shuffle)
+
+    @dataloader_config.setter
+    def dataloader_config(self, config: DataLoaderConfiguration) -> None:
+        # As in the peer, loaders prepared after the assignment follow the new configuration.
+        self.split_batches, self.even_batches = config.split_batches, config.even_batches
+        self.dispatch_batches, self._non_blocking = config.dispatch_batches, config.non_blocking
+        self.use_stateful_dataloader, self.data_seed = config.use_stateful_dataloader, config.data_seed
+        self.use_seedable_sampler, self.keyed_shuffle = config.use_seedable_sampler, config.keyed_shuffle
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are moved to the device without blocking (`DataLoaderConfiguration.non_blocking`)."""
+        return self._non_blocking

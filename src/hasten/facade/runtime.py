@@ -1,0 +1,223 @@
+"""The Accelerator's runtime part: autocast blocks, uneven inputs, triggers, profiling, parallelism views, `native_amp`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+from torch import nn
+
+from ..options import AutocastKwargs, ProfileKwargs
+
+if TYPE_CHECKING:
+    from ..data import PreparedDataLoader
+    from ..precision import PrecisionPolicy
+    from ..runtime.state import AcceleratorState
+    from ..strategies.base import Strategy
+
+__all__ = ["RuntimePart"]
+
+_logger = logging.getLogger("hasten")
+
+
+class RuntimePart:
+    """Autocast blocks, `join_uneven_inputs`, triggers, `trigger_sync_in_backward`, `profile`, `native_amp`.
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True)
+        >>> accelerator.set_trigger(); accelerator.check_trigger()
+        True
+    """
+
+    # Shared values this part reads (set once by `Accelerator.__init__`; `native_amp` replaces `precision`).
+    state: AcceleratorState
+    device: torch.device
+    strategy: Strategy
+    precision: PrecisionPolicy
+    autocast_handler: AutocastKwargs | None
+    profile_handler: ProfileKwargs | None
+    even_batches: bool
+    _dataloaders: list[PreparedDataLoader]
+
+    flag_tensor: torch.Tensor | None = None
+
+    # -- autocast -----------------------------------------------------------------------
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Run a block (e.g. a loss computed outside the model) under the mixed precision policy.
+
+        `autocast_handler` (else the `AutocastKwargs` given in
+        `kwargs_handlers`) can disable it or set `cache_enabled`.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+            >>> with accelerator.autocast():
+            ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+            torch.bfloat16
+            >>> with accelerator.autocast(AutocastKwargs(enabled=False)):
+            ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+            torch.float32
+        """
+        if isinstance(autocast_handler, bool):  # hasten's earlier signature: autocast(enabled)
+            autocast_handler = AutocastKwargs(enabled=autocast_handler)
+        handler = autocast_handler or self.autocast_handler or AutocastKwargs()
+        return self.precision.autocast(handler.enabled, handler.cache_enabled)
+
+    # -- uneven inputs ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train or evaluate on inputs of different lengths per process with `torch.distributed.algorithms.Join`.
+
+        A process that runs out of batches shadows the collectives of DDP
+        models (and `ZeroRedundancyOptimizer`s) in `joinables` until every
+        process is done, instead of hanging. `even_batches=False` lets the
+        prepared loaders stop unevenly inside the block (the setting is
+        restored after); by default the Accelerator's setting applies, and
+        Join is enabled only when batches are not evened out.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 2))
+            >>> with accelerator.join_uneven_inputs([model], even_batches=False):
+            ...     _ = model(torch.ones(1, 2))
+        """
+        if not self.state.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms import Join
+
+        restore: list[tuple[Any, bool]] = []
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                sampler: Any = getattr(loader, "batch_sampler", None)
+                if hasattr(sampler, "even_batches"):
+                    restore.append((sampler, sampler.even_batches))
+                    sampler.even_batches = even_batches
+        else:
+            even_batches = self.even_batches
+        try:
+            with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
+                yield
+        finally:
+            for sampler, value in restore:
+                sampler.even_batches = value
+
+    # -- triggers: one process raises a flag, all learn it ---------------------------------------
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next `check_trigger()` returns True on every process.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).set_trigger()
+        """
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called `set_trigger()` since the last check (collective).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).check_trigger()
+            False
+        """
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        from ..collectives import reduce
+
+        if int(reduce(self.flag_tensor, "sum").item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Synchronise gradients in the next backward even inside `no_sync` / an accumulation step (DDP models).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 1))
+            >>> with accelerator.no_sync(model), accelerator.trigger_sync_in_backward(model):
+            ...     model(torch.ones(1, 2)).sum().backward()
+        """
+        with self.strategy.sync_in_backward(model):
+            yield
+
+    # -- parallelism ------------------------------------------------------------------------
+    @property
+    def parallelism_config(self) -> Any:
+        """The `ParallelismConfig` this Accelerator was given (None without one)."""
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The `DeviceMesh` the engine shards over (FSDP2 / a ParallelismConfig), else None.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).torch_device_mesh is None
+            True
+        """
+        return self.strategy.device_mesh
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
+        """Context parallelism around one step when `parallelism_config.cp_size > 1`; otherwise nothing (as Accelerate).
+
+        hasten refuses ``cp_size > 1`` when the `ParallelismConfig` is built,
+        so here this block only runs its body (and says so once).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> with Accelerator(cpu=True).maybe_context_parallel():
+            ...     pass
+        """
+        if not getattr(self, "_said_no_cp", False):
+            self._said_no_cp = True
+            _logger.warning("Context parallel training is not enabled: maybe_context_parallel has no effect "
+                            "(Accelerate's behaviour without parallelism_config.cp_size > 1).")
+        yield
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether prepared models run under autocast (False: full precision, or turned off by setting it).
+
+        As in Accelerate, ``accelerator.native_amp = False`` (diffusers does it on
+        Apple's MPS) turns autocast off for models prepared afterwards and for
+        `accelerator.autocast()`; an fp16 loss scaler already made stays.
+        """
+        return self.precision.dtype is not None
+
+    @native_amp.setter
+    def native_amp(self, enabled: bool) -> None:
+        if not enabled and self.precision.dtype is not None:
+            self.precision = dataclasses.replace(self.precision, dtype=None)
+            self.strategy.precision = self.precision
+        elif enabled and self.precision.dtype is None and self.precision.name != "no":
+            raise ValueError("native_amp can only be turned off; build the Accelerator with the precision you want.")
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with torch.profiler; with `output_trace_dir`, each process writes ``profile_<rank>.json``.
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> with accelerator.profile(ProfileKwargs(output_trace_dir=tempfile.mkdtemp())) as prof:
+            ...     _ = torch.ones(8) * 2
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None and handler.on_trace_ready is None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.state.process_index}.json"))
+        self.state.wait_for_everyone()

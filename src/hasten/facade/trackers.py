@@ -1,0 +1,90 @@
+"""The Accelerator's tracker part: `init_trackers`, `log`, `trackers`, `get_tracker`, finishing them (over `hasten.tracking`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..tracking import GeneralTracker, resolve_log_with, start_tracker
+
+if TYPE_CHECKING:
+    from ..checkpointing.project import ProjectConfiguration
+    from ..runtime.state import AcceleratorState
+
+__all__ = ["TrackerPart"]
+
+
+class TrackerPart:
+    """Trackers run on the main process (a tracker with ``main_process_only = False`` on every process).
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> Accelerator(cpu=True, log_with="jsonl", project_dir="runs").log_with
+        ['jsonl']
+    """
+
+    # Shared values this part reads (set once by `Accelerator.__init__`).
+    state: AcceleratorState  # who is the main process
+    project_configuration: ProjectConfiguration  # where file trackers write (logging_dir)
+
+    def _init_tracking(self, log_with: Any) -> None:
+        """Check `log_with` once (names, installed packages, a logging directory where needed); nothing starts yet."""
+        self.log_with = resolve_log_with(log_with, self.project_configuration.logging_dir)
+        self.trackers: list[GeneralTracker] = []
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start every tracker of `log_with` for `project_name` and store `config` as the run's hyper-parameters.
+
+        `init_kwargs` maps a tracker name to keyword arguments for it, e.g.
+        ``{"wandb": {"mode": "offline"}}``.
+
+        Example:
+            >>> import tempfile
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True, log_with="jsonl", project_dir=tempfile.mkdtemp())
+            >>> accelerator.init_trackers("demo", config={"lr": 0.1})
+            >>> accelerator.log({"loss": 0.25}, step=1)
+            >>> accelerator.end_training()
+        """
+        init_kwargs = init_kwargs or {}
+        unknown = set(init_kwargs) - {t if isinstance(t, str) else t.name for t in self.log_with}
+        if unknown:
+            raise ValueError(f"init_kwargs names trackers {sorted(unknown)} that are not in log_with; "
+                             "add them to log_with or drop those entries.")
+        for item in self.log_with:
+            main_only = item.main_process_only if isinstance(item, GeneralTracker) else True
+            if main_only and not self.state.is_main_process:
+                continue
+            if isinstance(item, GeneralTracker):
+                self.trackers.append(item)
+            else:
+                self.trackers.append(start_tracker(item, project_name, self.project_configuration.logging_dir,
+                                                   dict(init_kwargs.get(item, {}))))
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called `name` (its backend object with `unwrap=True`); a do-nothing one where none runs."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if self.state.is_main_process and not any((t if isinstance(t, str) else t.name) == name for t in self.log_with):
+            raise ValueError(f"no tracker named {name!r}; the trackers are {[t.name for t in self.trackers]}.")
+        return GeneralTracker(_blank=True)  # other processes: calls on it do nothing
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Send `values` to every tracker (on the processes they run on).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).log({"loss": 1.0}, step=0)  # no trackers: nothing happens
+        """
+        log_kwargs = log_kwargs or {}
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    def _finish_trackers(self) -> None:
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.finish()

@@ -1,0 +1,273 @@
+"""Operations on nested batches as the peer's free functions (its path: ``accelerate.utils.operations``).
+
+Two kinds, both over nested structures (lists, tuples, dicts of tensors):
+
+- batch helpers: `find_batch_size`, `slice_tensors`, `concatenate`, `listify`, `convert_to_fp32`, ...;
+- collectives with the peer's parameter names (`tensor=`, `object=`, `object_list=`) and defaults (its
+  `reduce` averages by default; `Accelerator.reduce` sums), on `hasten.collectives`, plus
+  `copy_tensor_to_devices` and `wait_for_everyone`.
+
+Example:
+    >>> import torch
+    >>> from hasten.operations import gather, send_to_device
+    >>> gather(tensor=torch.tensor([1, 2]))
+    tensor([1, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+import torch
+
+from . import collectives
+from .collectives import recursively_apply, send_to_device
+from .errors import DistributedOperationException
+
+__all__ = [
+    "DistributedOperationException",
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "convert_to_fp32",
+    "copy_tensor_to_devices",
+    "find_batch_size",
+    "gather",
+    "gather_object",
+    "honor_type",
+    "ignorant_find_batch_size",
+    "is_namedtuple",
+    "is_torch_tensor",
+    "listify",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+    "slice_tensors",
+    "wait_for_everyone",
+]
+
+
+def is_torch_tensor(tensor: Any) -> bool:
+    """True for a `torch.Tensor`.
+
+    Example:
+        >>> is_torch_tensor(torch.ones(1)), is_torch_tensor([1])
+        (True, False)
+    """
+    return isinstance(tensor, torch.Tensor)
+
+
+def is_namedtuple(data: Any) -> bool:
+    """True for a namedtuple instance.
+
+    Example:
+        >>> from collections import namedtuple
+        >>> is_namedtuple(namedtuple("P", "x")(1)), is_namedtuple((1,))
+        (True, False)
+    """
+    return isinstance(data, tuple) and hasattr(data, "_asdict") and hasattr(data, "_fields")
+
+
+def honor_type(obj: Any, generator: Any) -> Any:
+    """Build a sequence of `obj`'s type (namedtuples included) from `generator`.
+
+    Example:
+        >>> honor_type((1, 2), (x * 2 for x in (1, 2)))
+        (2, 4)
+    """
+    if is_namedtuple(obj):
+        return type(obj)(*list(generator))
+    return type(obj)(generator)
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenate tensors (in nested structures) from all processes along dim 0.
+
+    Example:
+        >>> gather(tensor=torch.tensor([3]))
+        tensor([3])
+    """
+    return collectives.gather(tensor)
+
+
+def gather_object(object: Any) -> list[Any]:  # noqa: A002 - the peer's parameter name
+    """Gather a picklable object from every process into one list.
+
+    Example:
+        >>> gather_object(object=["a"])
+        ['a']
+    """
+    return collectives.gather_object(object)
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Reduce tensors across processes ("mean" by default here, as at this import path; also "sum", "max", "min", "product").
+
+    Example:
+        >>> reduce(tensor=torch.tensor([2.0]))
+        tensor([2.])
+    """
+    return collectives.reduce(tensor, reduction, scale)
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Copy tensors from process `from_process` to all (in place, also returned).
+
+    Example:
+        >>> broadcast(tensor=torch.tensor([1]))
+        tensor([1])
+    """
+    return collectives.broadcast(tensor, from_process)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace the list's items, in place, with those of process `from_process`.
+
+    Example:
+        >>> broadcast_object_list(object_list=[1])
+        [1]
+    """
+    return collectives.broadcast_object_list(object_list, from_process)
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad tensors along `dim` to the largest size on any process.
+
+    Example:
+        >>> pad_across_processes(tensor=torch.tensor([1]))
+        tensor([1])
+    """
+    return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+
+def listify(data: Any) -> Any:
+    """Nested tensors turned into (nested) Python lists / numbers.
+
+    Example:
+        >>> listify({"a": torch.tensor([1, 2])})
+        {'a': [1, 2]}
+    """
+    return recursively_apply(lambda t: t.tolist(), data)
+
+
+def find_batch_size(data: Any) -> int:
+    """The size of the first dimension of the first tensor found in `data`.
+
+    Example:
+        >>> find_batch_size({"x": torch.zeros(4, 2)})
+        4
+    """
+    if isinstance(data, (list, tuple)):
+        for item in data:
+            try:
+                return find_batch_size(item)
+            except ValueError:
+                continue
+    elif isinstance(data, Mapping):
+        for value in data.values():
+            try:
+                return find_batch_size(value)
+            except ValueError:
+                continue
+    elif isinstance(data, torch.Tensor) and data.ndim > 0:
+        return data.shape[0]
+    raise ValueError(f"find_batch_size found no tensor with a batch dimension in a {type(data).__name__}; "
+                     "pass a tensor or a nested structure holding one.")
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    """`find_batch_size`, or None when there is no tensor.
+
+    Example:
+        >>> ignorant_find_batch_size(["text"]) is None
+        True
+    """
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError):
+        return None
+
+
+def slice_tensors(data: Any, tensor_slice: slice | int, process_index: int | None = None,
+                  num_processes: int | None = None) -> Any:
+    """Every tensor in `data` indexed by `tensor_slice`.
+
+    Example:
+        >>> slice_tensors({"x": torch.arange(4)}, slice(0, 2))
+        {'x': tensor([0, 1])}
+    """
+    return recursively_apply(lambda t: t[tensor_slice], data)
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of (nested) batches of the same structure along `dim`.
+
+    Example:
+        >>> concatenate([{"x": torch.ones(1)}, {"x": torch.zeros(1)}])
+        {'x': tensor([1., 0.])}
+    """
+    first = data[0]
+    if isinstance(first, (list, tuple)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return cast(Any, type(first))({k: concatenate([d[k] for d in data], dim=dim) for k in first.keys()})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"concatenate got a list of {type(first).__name__}; pass lists of tensors or nested structures of them.")
+    return torch.cat(data, dim=dim)
+
+
+def convert_to_fp32(tensor: Any) -> Any:
+    """fp16 / bf16 tensors in `tensor` cast to fp32; others unchanged.
+
+    Example:
+        >>> convert_to_fp32(torch.ones(1, dtype=torch.bfloat16)).dtype
+        torch.float32
+    """
+    return recursively_apply(lambda t: t.float(), tensor,
+                             test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16))
+
+
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Give every process the tensor that exactly one process holds (the others pass None).
+
+    Unlike `broadcast`, the receiving processes need not know its shape or
+    dtype. On a single process the tensor is returned as is.
+
+    Example:
+        >>> copy_tensor_to_devices(torch.tensor([1, 2, 3]))
+        tensor([1, 2, 3])
+    """
+    if not collectives._distributed():
+        if tensor is None:
+            raise ValueError("copy_tensor_to_devices got None on the only process; pass the tensor to copy.")
+        return tensor
+    described = collectives.gather_object([None if tensor is None else (tuple(tensor.shape), tensor.dtype)])
+    holders = [rank for rank, info in enumerate(described) if info is not None]
+    if len(holders) != 1:
+        raise ValueError(f"copy_tensor_to_devices needs the tensor on exactly one process but {len(holders)} passed "
+                         "one; pass None on every other process.")
+    if tensor is None:
+        from .runtime.state import PartialState
+
+        shape, dtype = described[holders[0]]
+        tensor = torch.empty(shape, dtype=dtype, device=PartialState().device)
+    return collectives.broadcast(tensor, from_process=holders[0])
+
+
+def wait_for_everyone() -> None:
+    """Barrier across every process of the run (nothing on one process).
+
+    Example:
+        >>> wait_for_everyone()
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        from .process import watchdog
+
+        with watchdog.waiting("wait_for_everyone"):
+            dist.barrier()

@@ -1,0 +1,110 @@
+"""The configuration dataclasses `Accelerator` takes: data loading, gradient accumulation, `torch.compile`.
+
+Example:
+    >>> from hasten.options.configuration import GradientAccumulationPlugin
+    >>> GradientAccumulationPlugin(num_steps=2).num_steps
+    2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from .enums import DynamoBackend
+from .kwargs import KwargsHandler
+
+__all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "TorchDynamoPlugin"]
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """`torch.compile` settings for prepared models (`Accelerator(dynamo_backend=...)` or `dynamo_plugin=...`).
+
+    `backend` is a `DynamoBackend` or its name in any case ("inductor",
+    "eager", ...); "no" turns compilation off. The model is compiled in place
+    (`nn.Module.compile`), so its type, its state dict keys and DDP's
+    `no_sync` stay as they were.
+
+    Example:
+        >>> TorchDynamoPlugin(backend="eager").to_kwargs()
+        {'backend': 'eager'}
+    """
+
+    backend: DynamoBackend | str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = DynamoBackend.NO
+        try:
+            self.backend = DynamoBackend(str(getattr(self.backend, "value", self.backend)).upper())
+        except ValueError:
+            names = ", ".join(b.value.lower() for b in DynamoBackend)
+            raise ValueError(f"TorchDynamoPlugin got backend={self.backend!r}; use one of {names}.") from None
+        if self.use_regional_compilation:
+            raise NotImplementedError("TorchDynamoPlugin(use_regional_compilation=True) is not built in hasten; "
+                                      "drop it to compile the whole model.")
+
+    @property
+    def enabled(self) -> bool:
+        """True when prepared models are compiled."""
+        return self.backend is not DynamoBackend.NO and not self.disable
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for `torch.compile` (only those set)."""
+        kwargs: dict[str, Any] = {"backend": cast(DynamoBackend, self.backend).value.lower()}
+        for name in ("mode", "fullgraph", "dynamic", "options"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        return kwargs
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How `prepare` shards data loaders (see `hasten.data`).
+
+    Example:
+        >>> DataLoaderConfiguration(split_batches=True).even_batches
+        True
+    """
+
+    split_batches: bool = False
+    # True: process 0 alone reads each batch and sends every process its rows. None (Accelerate's default):
+    # True for an iterable dataset whose batches are put on the device, False otherwise.
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    # Shuffle with the seed data_seed + epoch (as Accelerate's SeedableRandomSampler) instead of torch's RandomSampler
+    # draws; either way every process sees the same order and a resume continues it exactly.
+    use_seedable_sampler: bool = False
+    # The seed of the seedable sampler (default: torch's initial seed); used only with use_seedable_sampler or keyed_shuffle.
+    data_seed: int | None = None
+    non_blocking: bool = False
+    # load_state also restores each prepared loader's position: the next pass yields the rest of the epoch
+    use_stateful_dataloader: bool = False
+    # hasten's opt-in: shuffle with its keyed O(1)-memory order (seed data_seed, else torch's initial seed). It starts a
+    # 1e9-sample loader at once but visits samples in another order than Accelerate. Datasets over 2**27 samples use it
+    # anyway (a permutation would not fit comfortably in memory); the log says so once.
+    keyed_shuffle: bool = False
+
+
+@dataclass
+class GradientAccumulationPlugin:
+    """Gradient accumulation settings.
+
+    Example:
+        >>> GradientAccumulationPlugin(num_steps=4).sync_with_dataloader
+        True
+    """
+
+    num_steps: int = 1
+    adjust_scheduler: bool = True  # as in Accelerate, only its non-default value reaches GradientState.adjust_scheduler
+    sync_with_dataloader: bool = True
+    # Synchronise (all-reduce / reduce-scatter) gradients on every batch, not only on the optimizer step:
+    # more communication, but under FSDP no full-size unsharded gradient is kept between batches.
+    sync_each_batch: bool = False

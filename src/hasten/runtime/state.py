@@ -1,0 +1,411 @@
+"""Process-level state: topology, device, process group, and rank helpers (Accelerate's path ``accelerate.state``).
+
+`PartialState` is usable without an `Accelerator`. It is NOT a Borg: each
+instance holds its own settings. The only process-wide resource is torch's
+process group, which `hasten.process.group` creates once (or adopts when
+the user created it) and tears down cleanly at exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from datetime import timedelta
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from ..launch_spec import LaunchSpec, debug_requested
+from ..process import watchdog
+from ..process.group import (
+    DEFAULT_TIMEOUT,
+    init_process_group,
+    shutdown_process_group,
+    start_watchdog,
+    topology_from_group,
+)
+from ..topology import ProcessTopology, backend_for_device, select_device
+
+__all__ = ["PartialState", "AcceleratorState", "is_initialized"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PartialState:
+    """Rank, world size, device and synchronisation helpers for this process.
+
+    Creating it joins (or adopts) the process group when the environment
+    describes more than one process.
+
+    Example:
+        >>> state = PartialState(cpu=True)
+        >>> state.num_processes, state.process_index
+        (1, 0)
+        >>> with state.main_process_first():
+        ...     pass
+    """
+
+    def __init__(
+        self,
+        cpu: bool | None = None,
+        backend: str | None = None,
+        timeout: timedelta | None = None,
+        topology: ProcessTopology | None = None,
+    ) -> None:
+        spec = LaunchSpec.current()
+        self.cpu = spec.cpu if cpu is None else cpu
+        self.debug = debug_requested()
+        if dist.is_available() and dist.is_initialized():
+            self.topology = topology_from_group()
+            self.backend: str | None = dist.get_backend()
+        else:
+            self.topology = ProcessTopology.from_env() if topology is None else topology
+            self.backend = None
+        self.device = select_device(self.topology.local_rank, cpu=self.cpu)
+        wanted = backend or backend_for_device(self.device.type)
+        if self.backend is None:
+            if self.debug:  # torch's own check that every rank runs the same collective, with shapes
+                os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+            if self.topology.is_distributed:
+                if self.device.type == "cuda":
+                    torch.cuda.set_device(self.device)
+                init_process_group(self.topology, wanted, timeout or DEFAULT_TIMEOUT)
+                self.backend = wanted
+        elif backend is not None and backend != self.backend:
+            raise RuntimeError(
+                f"the process group already uses backend {self.backend!r} but {backend!r} was asked for; "
+                "create every Accelerator/PartialState of a process with the same backend and cpu setting."
+            )
+        elif self.device.type == "cpu" and self.backend == "nccl":
+            raise RuntimeError(
+                "the process group uses nccl, which cannot exchange CPU tensors, but this Accelerator computes on "
+                "the CPU; drop cpu=True or create the process group with backend='gloo'."
+            )
+        elif self.device.type == "cuda" and self.backend == "gloo" and not self.cpu:
+            raise RuntimeError(
+                "the process group uses gloo but this process computes on CUDA; "
+                "pass cpu=True or create the process group with backend='nccl'."
+            )
+        if self.topology.is_distributed:
+            start_watchdog()
+
+    # -- who am I -----------------------------------------------------------
+    @property
+    def num_processes(self) -> int:
+        return self.topology.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.topology.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.topology.local_rank
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.topology.is_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.topology.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.topology.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.topology.is_last_process
+
+    # -- synchronisation ----------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this line (a barrier).
+
+        In debug mode it first checks that every process is at a barrier
+        (not one here and another in a gather), and says where each is if not.
+        """
+        if self.use_distributed:
+            with watchdog.waiting("wait_for_everyone"):
+                if self.debug:
+                    from ..collectives import check_same_everywhere
+
+                    check_same_everywhere("wait_for_everyone", None)
+                dist.barrier()
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on the main process first, then on all others (e.g. to download or cache)."""
+        return self._first(self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on each node's local main process first, then on the others."""
+        return self._first(self.is_local_main_process)
+
+    def _only_when(self, condition: Callable[[], bool], function: F) -> F:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if condition():
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper  # type: ignore[return-value]
+
+    def on_main_process(self, function: F) -> F:
+        """Decorator: run the function on the main process only (others get None)."""
+        return self._only_when(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function: F) -> F:
+        """Decorator: run the function on each node's local main process only."""
+        return self._only_when(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorator: run the function on the last process only."""
+        return self._only_when(lambda: self.is_last_process, function)
+
+    def on_process(self, function: F | None = None, process_index: int = 0):
+        """Decorator: run the function on process `process_index` only.
+
+        Example:
+            >>> state = PartialState(cpu=True)
+            >>> @state.on_process(process_index=0)
+            ... def hello():
+            ...     return "hi"
+            >>> hello()
+            'hi'
+        """
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only_when(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int = 0):
+        """Decorator: run the function on local process `local_process_index` of each node only."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._only_when(lambda: self.local_process_index == local_process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give each process its contiguous share of a list, tuple, dict of lists, or tensor.
+
+        Shares differ by at most one element; with `apply_padding=True` the
+        shorter shares repeat their last element so every process gets the
+        same count (useful before `gather`).
+
+        Example:
+            >>> state = PartialState(cpu=True)
+            >>> with state.split_between_processes(["a", "b", "c"]) as mine:
+            ...     mine
+            ['a', 'b', 'c']
+        """
+        from ..collectives import split_for_process
+
+        yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding)
+
+    def destroy_process_group(self) -> None:
+        """Barrier, then destroy the process group (safe to call more than once)."""
+        shutdown_process_group(success=True)
+
+    @property
+    def distributed_type(self) -> Any:
+        """The kind of run, as the peer reports it from `PartialState()`.
+
+        Before any Accelerator: NO for one process, DEEPSPEED when launched
+        with DeepSpeed, else MULTI_GPU (CUDA) or MULTI_CPU. Once an Accelerator
+        exists: what it chose (e.g. FSDP), until `PartialState._reset_state()`.
+
+        Example:
+            >>> PartialState(cpu=True).distributed_type.value
+            'NO'
+        """
+        return self._launched_or_told()
+
+    @distributed_type.setter
+    def distributed_type(self, value: Any) -> None:
+        _partial_facts["distributed_type"] = value
+
+    def _launched_or_told(self) -> Any:
+        """What an Accelerator told every `PartialState`, else what the environment implies."""
+        return _partial_facts.get("distributed_type") or self._launched_type()
+
+    def _launched_type(self) -> Any:
+        """The distributed type the environment alone implies (no Accelerator asked yet)."""
+        from ..options import DistributedType
+
+        if LaunchSpec.current().deepspeed is not None:
+            return DistributedType.DEEPSPEED
+        if not self.use_distributed:
+            return DistributedType.NO
+        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget what Accelerators told every `PartialState` (its distributed type): the peer's test reset.
+
+        Each `PartialState` holds its own settings, so a new one reads the
+        environment again; the process group, the one process-wide
+        resource, is left alone (use `destroy_process_group` to leave it).
+
+        Example:
+            >>> PartialState._reset_state(); PartialState(cpu=True).distributed_type.value
+            'NO'
+        """
+        _partial_facts.clear()
+
+    def __repr__(self) -> str:
+        t = self.topology
+        return (
+            f"PartialState(rank={t.rank}, world_size={t.world_size}, local_rank={t.local_rank}, "
+            f"device={self.device}, backend={self.backend}, launcher={t.launcher})"
+        )
+
+
+# What the newest Accelerator of this process decided (strategy, precision, plugins): the facts
+# `AcceleratorState()` reports when third-party code creates one on its own, as peer libraries do.
+# Two levels, as in the peer: `AcceleratorState._reset_state()` forgets `_run_facts` only; an
+# Accelerator also tells `PartialState` its distributed type (`_partial_facts`).
+_run_facts: dict[str, Any] = {}
+_partial_facts: dict[str, Any] = {}
+
+_STALE = ("`AcceleratorState` object has no attribute `{name}`. This happens if `AcceleratorState._reset_state()` "
+          "was called and an `Accelerator` or `PartialState` was not reinitialized; create a new `Accelerator`.")
+
+
+class AcceleratorState(PartialState):
+    """`PartialState` plus what the `Accelerator` decided: distributed type, precision, engine plugins.
+
+    `accelerator.state` is one; `AcceleratorState()` created elsewhere (as
+    libraries written for the peer do) reports the newest Accelerator's
+    decisions, or a plain run's defaults when none exists yet.
+
+    Example:
+        >>> from hasten import Accelerator
+        >>> accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        >>> AcceleratorState().mixed_precision, accelerator.state.distributed_type.value
+        ('bf16', 'NO')
+    """
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget what the newest Accelerator decided: `AcceleratorState()` reports a plain run's defaults again.
+
+        Example:
+            >>> AcceleratorState._reset_state(); is_initialized()
+            False
+        """
+        _run_facts.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    _owned = False  # True for an Accelerator's own state (which breaks, as the peer's does, after a reset)
+
+    def _record(self, **facts: Any) -> None:
+        """Called once by the Accelerator that owns this state, after choosing its strategy."""
+        _run_facts.clear()
+        _run_facts.update(facts)
+        _partial_facts["distributed_type"] = facts.get("distributed_type")
+        self._owned = True
+
+    def _check_current(self, name: str) -> None:
+        """An Accelerator's state after `AcceleratorState._reset_state()` (and before a new Accelerator) refuses use."""
+        if self._owned and not _run_facts:
+            raise AttributeError(_STALE.format(name=name))
+
+    def _fact(self, name: str, default: Any = None) -> Any:
+        self._check_current(name)
+        return _run_facts.get(name, default)
+
+    @property
+    def distributed_type(self) -> Any:
+        """What the newest Accelerator chose (settable, as in the peer); the environment's kind before one exists.
+
+        Example:
+            >>> from hasten import Accelerator, DistributedType
+            >>> state = Accelerator(cpu=True).state
+            >>> state.distributed_type = DistributedType.FSDP; state.distributed_type.value
+            'FSDP'
+            >>> AcceleratorState._reset_state(True)
+        """
+        return self._fact("distributed_type") or PartialState._launched_or_told(self)
+
+    @distributed_type.setter
+    def distributed_type(self, value: Any) -> None:
+        self._check_current("distributed_type")
+        _run_facts["distributed_type"] = value
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._fact("mixed_precision", "no")
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        return self._fact("deepspeed_plugin")
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        return self._fact("fsdp_plugin")
+
+    @property
+    def parallelism_config(self) -> Any:
+        return self._fact("parallelism_config")
+
+    @property
+    def dynamo_plugin(self) -> Any:
+        return self._fact("dynamo_plugin")
+
+    @property
+    def megatron_lm_plugin(self) -> Any:
+        return None
+
+    @property
+    def use_ipex(self) -> bool:
+        return False
+
+    @property
+    def initialized(self) -> bool:
+        return bool(_run_facts)
+
+    def __repr__(self) -> str:
+        return (f"AcceleratorState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+                f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision!r})")
+
+
+def _guarded(name: str) -> property:
+    """A `PartialState` property that, on an Accelerator's state, first checks the state was not reset."""
+    base = getattr(PartialState, name)
+
+    def get(self: AcceleratorState) -> Any:
+        self._check_current(name)
+        return base.fget(self)
+
+    return property(get, doc=base.__doc__)
+
+
+# As in the peer, the "who am I" questions (is_main_process, use_distributed, ...) keep working after a reset:
+# there they are asked of PartialState; the numbers themselves are the reset state's.
+for _name in ("num_processes", "process_index", "local_process_index"):
+    setattr(AcceleratorState, _name, _guarded(_name))
+
+
+def is_initialized() -> bool:
+    """True once an `Accelerator` was created in this process (and `AcceleratorState._reset_state` not called since).
+
+    Example:
+        >>> isinstance(is_initialized(), bool)
+        True
+    """
+    return bool(_run_facts)

@@ -1,0 +1,1 @@
+"""DDP: data parallel with torch's `DistributedDataParallel` (`strategy.py`); its settings are `DistributedDataParallelKwargs`."""

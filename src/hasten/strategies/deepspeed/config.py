@@ -1,0 +1,127 @@
+"""A DeepSpeed JSON config read and written by dotted keys, with its ``"auto"`` values found; importing DeepSpeed.
+
+Example:
+    >>> from hasten.strategies.deepspeed.config import HfDeepSpeedConfig
+    >>> HfDeepSpeedConfig({"zero_optimization": {"stage": 2}}).is_zero2()
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from ...errors import DeepSpeedConfigError
+
+__all__ = ["HfDeepSpeedConfig", "require_deepspeed", "INSTALL_HINT", "contains_auto", "auto_keys"]
+
+INSTALL_HINT = "pip install 'hasten[deepspeed]'"
+
+
+def require_deepspeed() -> Any:
+    """Import and return `deepspeed`, or raise one error that says how to install it.
+
+    Example:
+        >>> callable(require_deepspeed)
+        True
+    """
+    try:
+        import deepspeed
+    except ImportError as error:
+        raise ImportError(f"this run uses DeepSpeed, which is not installed ({error}); install it with: {INSTALL_HINT}") from None
+    return deepspeed
+
+
+class HfDeepSpeedConfig:
+    """A DeepSpeed JSON config (a path or a dict), read with dotted keys such as ``"zero_optimization.stage"``.
+
+    Example:
+        >>> config = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"})
+        >>> config.get_value("zero_optimization.stage"), config.is_zero3(), config.is_auto("train_micro_batch_size_per_gpu")
+        (3, True, True)
+    """
+
+    def __init__(self, config_file_or_dict: str | Path | dict[str, Any]) -> None:
+        if isinstance(config_file_or_dict, dict):
+            config = copy.deepcopy(config_file_or_dict)  # the caller's dict is never changed
+        else:
+            path = Path(config_file_or_dict)
+            if not path.is_file():
+                raise FileNotFoundError(f"the DeepSpeed config file {path} does not exist; pass an existing JSON file or a dict.")
+            try:
+                config = json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise DeepSpeedConfigError(f"the DeepSpeed config file {path} is not valid JSON ({error}); fix the file.") from None
+        if not isinstance(config, dict):
+            raise DeepSpeedConfigError("a DeepSpeed config must be a JSON object (a dict); fix the file.")
+        self.config: dict[str, Any] = config
+
+    def _find(self, key: str) -> tuple[dict[str, Any] | None, str]:
+        node: Any = self.config
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                return None, last
+        return (node if isinstance(node, dict) else None), last
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        node, key = self._find(ds_key_long)
+        return default if node is None else node.get(key, default)
+
+    def set_value(self, ds_key_long: str, value: Any) -> None:
+        node: dict[str, Any] = self.config
+        *parents, last = ds_key_long.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+
+    def is_auto(self, ds_key_long: str) -> bool:
+        return self.get_value(ds_key_long) == "auto"
+
+    def is_true(self, ds_key_long: str) -> bool:
+        return str(self.get_value(ds_key_long, False)).lower() == "true"
+
+    def zero_stage(self) -> int:
+        stage = self.get_value("zero_optimization.stage", 0)
+        return int(stage) if stage != "auto" else -1
+
+    def is_zero2(self) -> bool:
+        return self.zero_stage() == 2
+
+    def is_zero3(self) -> bool:
+        return self.zero_stage() == 3
+
+    def is_offload(self) -> bool:
+        return any(self.get_value(f"zero_optimization.{part}.device", "none") not in ("none", None)
+                   for part in ("offload_optimizer", "offload_param"))
+
+
+def contains_auto(value: Any) -> bool:
+    """True when `value` is "auto" or a dict holding "auto" at any depth.
+
+    Example:
+        >>> contains_auto({"a": {"b": "auto"}}), contains_auto(3)
+        (True, False)
+    """
+    if isinstance(value, dict):
+        return any(contains_auto(v) for v in value.values())
+    return value == "auto"
+
+
+def auto_keys(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose value is still "auto".
+
+    Example:
+        >>> auto_keys({"train_batch_size": "auto", "zero_optimization": {"stage": "auto"}})
+        ['train_batch_size', 'zero_optimization.stage']
+    """
+    keys = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            keys += auto_keys(value, f"{prefix}{key}.")
+        elif value == "auto":
+            keys.append(prefix + key)
+    return keys

@@ -1,0 +1,321 @@
+"""DeepSpeed ZeRO 1/2/3: the model becomes a `DeepSpeedEngine`, which owns backward, the step and the shards.
+
+How the Accelerator's loop maps onto the engine (as the peer library does it):
+
+- `accelerator.backward(loss)` marks the accumulation boundary from
+  `sync_gradients`, runs `engine.backward(loss)` (DeepSpeed divides the loss
+  by its own accumulation steps, so hasten does not divide again) and
+  `engine.step()`, which on a boundary clips, steps, and zeroes gradients;
+- the prepared optimizer's `step()`/`zero_grad()` therefore do nothing;
+- `clip_grad_norm_` returns the norm the engine measured (it clips by the
+  config's `gradient_clipping`).
+
+Checkpoints are sharded: every process writes its own fp32 master partition
+and optimizer state (tensors and plain values only, read back with
+``weights_only=True``), never DeepSpeed's pickled checkpoint files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, cast
+
+import torch
+from torch import nn
+
+from ...checkpointing.commit import fsync_path
+from .config import require_deepspeed
+from .dummies import DummyOptim
+from .plugin import DeepSpeedPlugin
+from ...options import DistributedType
+from ...precision import PrecisionPolicy, check_precision_supported
+from ..base import AccumulationState, Parameters, ShardedState, Strategy
+
+if TYPE_CHECKING:
+    from ..parallel.mesh import ParallelismConfig
+
+__all__ = ["DeepSpeedStrategy"]
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+CHECKPOINT_FOLDER = "deepspeed"
+FORMAT_VERSION = 1
+
+
+def _shard_name(index: int, rank: int) -> str:
+    return f"{CHECKPOINT_FOLDER}/model_{index}_rank_{rank}.pt"
+
+
+def _init_distributed(device: torch.device) -> None:
+    """DeepSpeed needs a process group even for one process; hasten's own group is reused when there is one."""
+    import torch.distributed as dist
+
+    deepspeed = require_deepspeed()
+    if not dist.is_initialized():  # one process, no launcher: a private group of one
+        from torch.distributed.elastic.utils.distributed import get_free_port
+
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(get_free_port()))
+    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl", verbose=False)
+
+
+class DeepSpeedStrategy(Strategy):
+    """Runs the model as a DeepSpeed engine under ZeRO stage 0-3 (see module doc).
+
+    Example:
+        >>> strategy = DeepSpeedStrategy.create(torch.device("cpu"), 1, "no", DeepSpeedPlugin(zero_stage=3),
+        ...                                     gradient_state=None, parallelism_config=None)
+        >>> strategy.name, strategy.distributed_type.value, strategy.zero_stage
+        ('deepspeed', 'DEEPSPEED', 3)
+    """
+
+    name: ClassVar[str] = "deepspeed"
+    requires_joint_setup: ClassVar[bool] = True
+    writes_own_checkpoint_files: ClassVar[bool] = True
+    state_needs_every_process: ClassVar[bool] = True
+
+    def __init__(self, device: torch.device, precision: PrecisionPolicy, plugin: DeepSpeedPlugin,
+                 gradient_state: AccumulationState | None,
+                 world_size: int) -> None:
+        super().__init__(device, precision)
+        self.plugin = plugin
+        self.gradient_state = gradient_state
+        self.world_size = world_size
+        self.accumulation_steps = 1
+        self.micro_batch_size: int | None = None
+        self.engine: Any = None
+        self.engine_config: dict[str, Any] | None = None
+        self._step_skipped = False
+        self._pending_micro_steps = False  # gradients accumulated since the last optimizer step
+        self._warned_clip = False
+
+    @classmethod
+    def create(cls, device: torch.device, world_size: int, mixed_precision: str, plugin: DeepSpeedPlugin, *,
+               gradient_state: AccumulationState | None, parallelism_config: ParallelismConfig | None,
+               accumulation_given: bool = True) -> "DeepSpeedStrategy":
+        """Check the plugin against the Accelerator's settings now (in `Accelerator()`), not at `prepare`."""
+        if not isinstance(plugin, DeepSpeedPlugin):
+            raise TypeError(f"deepspeed_plugin must be a hasten DeepSpeedPlugin, got {type(plugin).__name__}.")
+        if parallelism_config is not None and getattr(parallelism_config, "needs_sharded_engine", False):
+            raise ValueError("DeepSpeed and a ParallelismConfig that shards or splits tensors cannot be combined; "
+                             "drop one of deepspeed_plugin or parallelism_config.")
+        check_precision_supported(mixed_precision, device.type)
+        if mixed_precision == "fp16" and device.type == "cpu":  # DeepSpeed's CPU accelerator has no fp16 engine
+            raise ValueError("DeepSpeed cannot train in fp16 on CPUs; use mixed_precision='bf16' or 'no' there.")
+        plugin.check_mixed_precision(mixed_precision)
+        # DeepSpeed casts the model and scales the loss itself: no GradScaler. Autocast only lets fp32 inputs
+        # meet the 16-bit weights DeepSpeed made.
+        precision = PrecisionPolicy(name=mixed_precision, device_type=device.type, dtype=_DTYPES.get(mixed_precision))
+        strategy = cls(device, precision, plugin, gradient_state, world_size)
+        steps = gradient_state.num_steps if gradient_state is not None else 1
+        strategy.accumulation_steps = plugin.resolve_accumulation(steps, given=accumulation_given)
+        if gradient_state is not None:
+            gradient_state.num_steps = strategy.accumulation_steps  # an Accelerator given no number follows the file
+        return strategy
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.DEEPSPEED
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.plugin.zero_stage or 0)
+
+    def observe_micro_batch_size(self, batch_size: int | None) -> None:
+        """Per-process batch size of the training DataLoader (fills train_micro_batch_size_per_gpu)."""
+        if batch_size is not None and self.micro_batch_size is None:
+            self.micro_batch_size = int(batch_size)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def setup(self, models: Sequence[nn.Module],
+              optimizers: Sequence[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
+        if not models and not optimizers:
+            return [], []
+        if self.engine is not None:
+            raise ValueError("DeepSpeed prepares one model per Accelerator and one was already prepared; "
+                             "create another Accelerator (with its own DeepSpeedPlugin) for a second model.")
+        if len(models) != 1 or len(optimizers) != 1:
+            raise ValueError(f"under DeepSpeed prepare takes exactly one model and one optimizer together, got {len(models)} "
+                             f"model(s) and {len(optimizers)} optimizer(s); pass accelerator.prepare(model, optimizer, ...).")
+        model, optimizer = models[0], optimizers[0]
+        deepspeed = require_deepspeed()
+        _init_distributed(self.device)
+        dummy_optim = optimizer if isinstance(optimizer, DummyOptim) else None
+        dummy = dummy_optim is not None
+        scheduler = dummy_optim.scheduler if dummy_optim is not None else None
+        config = self.plugin.build_engine_config(
+            world_size=self.world_size, mixed_precision=self.precision.name, device_type=self.device.type,
+            micro_batch_size=self.micro_batch_size, client_optimizer=not dummy, optimizer=optimizer, scheduler=scheduler)
+        self.engine_config = config
+        self.cast_forward(model)
+        kwargs: dict[str, Any] = {"model": model.to(self.device), "config": config}
+        if dummy_optim is not None:
+            kwargs["model_parameters"] = dummy_optim.params
+            if scheduler is not None and scheduler.lr_scheduler_callable is not None:
+                kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        else:
+            kwargs["optimizer"] = optimizer
+        engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
+        self.engine = engine
+        if scheduler is not None:
+            scheduler.engine_scheduler = engine_scheduler
+        # The prepared optimizer wraps the torch optimizer DeepSpeed steps (its param_groups carry the lr a
+        # scheduler sets); stepping goes through the engine.
+        base = getattr(engine_optimizer, "optimizer", engine_optimizer)
+        if not isinstance(base, torch.optim.Optimizer):
+            base = engine_optimizer
+        return [engine], [base]
+
+    # -- the hot path -------------------------------------------------------------------------
+    def _engine_for(self) -> Any:
+        if self.engine is None:
+            raise RuntimeError("the DeepSpeed engine does not exist yet; pass the model and optimizer to accelerator.prepare first.")
+        return self.engine
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+        """Boundary from `sync_gradients`, then `engine.backward` (it divides by its accumulation) and `engine.step`."""
+        engine = self._engine_for()
+        if accumulation_steps != self.accumulation_steps:
+            raise ValueError(f"gradient_accumulation_steps changed to {accumulation_steps} after the DeepSpeed engine was built "
+                             f"with {self.accumulation_steps}; set it before accelerator.prepare.")
+        sync = self.gradient_state.sync_gradients if self.gradient_state is not None else True
+        engine.set_gradient_accumulation_boundary(sync)
+        engine.backward(loss, **kwargs)
+        engine.step()
+        if sync:
+            self._step_skipped = bool(getattr(engine.optimizer, "overflow", False))
+        self._pending_micro_steps = not sync
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+        """The engine already stepped in `backward`; report whether fp16 overflow skipped that step."""
+        if closure is not None:
+            raise ValueError("under DeepSpeed optimizer.step(closure) is not supported: the engine steps in "
+                             "accelerator.backward; call optimizer.step() without a closure.")
+        return None, self._step_skipped
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        """Nothing to do: the engine zeroes gradients after each optimizer step."""
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # the boundary flag set in backward tells ZeRO when to reduce
+
+    def unscale_gradients(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """DeepSpeed unscales inside its step."""
+
+    def clip_grad_norm_(self, parameters: Parameters, max_norm: float, norm_type: float,
+                        optimizers: Sequence[torch.optim.Optimizer]) -> torch.Tensor:
+        """The global gradient norm the engine measured at its last step (it clips by `gradient_clipping`)."""
+        engine = self._engine_for()
+        configured = float((self.engine_config or {}).get("gradient_clipping", 0.0))
+        if not self._warned_clip and float(max_norm) != configured:
+            self._warned_clip = True
+            warnings.warn(f"under DeepSpeed the engine clips gradients to its config's gradient_clipping={configured}, not to "
+                          f"max_norm={max_norm}; set gradient_clipping in the DeepSpeedPlugin or config to change it.",
+                          stacklevel=3)
+        norm = engine.get_global_grad_norm()
+        if norm is None:
+            return torch.tensor(float("nan"))
+        return norm.detach().float().cpu() if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
+
+    def clip_grad_value_(self, parameters: Parameters, clip_value: float,
+                         optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        raise NotImplementedError("DeepSpeed clips by norm only; use accelerator.clip_grad_norm_ and set gradient_clipping "
+                                  "in the DeepSpeed config.")
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "module", model) if model is self.engine else model
+
+    # -- full state ------------------------------------------------------------------------
+    def _gathered(self, module: nn.Module, modifier_rank: int | None = None) -> contextlib.AbstractContextManager[Any]:
+        """All of `module`'s ZeRO-3 parameters gathered on every process (a no-op below stage 3)."""
+        params = [p for p in module.parameters() if hasattr(p, "ds_id")]
+        if not params:
+            return contextlib.nullcontext()
+        deepspeed = require_deepspeed()
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict, gathered from every process under ZeRO-3 (every process must call it)."""
+        module = self.unwrap_model(model)
+        with self._gathered(module):
+            return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+    def model_state_dict_shapes(self, model: nn.Module) -> dict[str, Any]:
+        module = self.unwrap_model(model)
+        shapes: dict[str, Any] = dict(module.state_dict(keep_vars=True))
+        for name, param in module.named_parameters():
+            if hasattr(param, "ds_shape") and name in shapes:
+                shapes[name] = torch.empty(param.ds_shape, device="meta", dtype=param.dtype)
+        return shapes
+
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load full weights into the module and the optimizer's fp32 master copy (every process calls it)."""
+        module = self.unwrap_model(model)
+        with self._gathered(module, modifier_rank=0):
+            module.load_state_dict(state_dict)
+        optimizer = getattr(self.engine, "optimizer", None) if model is self.engine else None
+        if optimizer is not None and hasattr(optimizer, "refresh_fp32_params"):
+            optimizer.refresh_fp32_params()
+
+    def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
+        return optimizer.state_dict()  # this process's partition (the full state exists only as shards)
+
+    def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state_dict)
+
+    def model_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return {}  # ZeRO keeps gradients in its own buffers; save_state refuses to run mid-accumulation instead
+
+    def load_model_gradients(self, model: nn.Module, gradients: dict[str, torch.Tensor]) -> None:
+        """Nothing to restore: checkpoints are taken at optimizer-step boundaries only."""
+
+    # -- sharded checkpoint files -------------------------------------------------------------
+    def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
+        from .checkpoint import save_shard
+
+        if self._pending_micro_steps:
+            raise RuntimeError("save_state was called in the middle of a gradient accumulation cycle, whose partial "
+                               "gradients DeepSpeed keeps in its own buffers; call it right after an optimizer step.")
+        files = {}
+        for index, model in enumerate(models):
+            if model is not self.engine:
+                raise ValueError("under DeepSpeed only the model prepared with its optimizer can be checkpointed; "
+                                 "prepare evaluation models with another Accelerator.")
+            name = _shard_name(index, self._rank())
+            path = directory / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_shard(self.engine, path, write_extras=self._rank() == 0)
+            fsync_path(path)
+            files[name] = path.stat().st_size
+        return files
+
+    def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                              optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
+        from .checkpoint import read_shard
+
+        contents = []
+        for index, model in enumerate(models):
+            mine = read_shard(directory / _shard_name(index, self._rank()), self.engine, self.world_size, self._rank())
+            extras = mine["extras"] if self._rank() == 0 else read_shard(
+                directory / _shard_name(index, 0), self.engine, self.world_size, 0, check_partitions=False)["extras"]
+            contents.append((model, mine, extras))
+        return contents
+
+    def apply_checkpoint_files(self, contents: ShardedState) -> None:
+        from .checkpoint import apply_shard
+
+        for model, shard, extras in cast(list, contents):
+            apply_shard(self.engine, shard, extras)
+        self._pending_micro_steps = False
+
+    @staticmethod
+    def _rank() -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0

@@ -1,0 +1,365 @@
+"""State of FSDP2 models and optimizers: full state dicts, sharded files (torch.distributed.checkpoint), gradients.
+
+Every function here is collective: every process calls it with its own shard.
+Sharded files keep the peer's layout inside a checkpoint: one DCP directory
+per model (``pytorch_model_fsdp_<i>``) and per optimizer (``optimizer_<i>``),
+each process writing its own ``__<rank>_0.distcp`` and the main process the
+``.metadata``. `hasten merge-weights` turns a model directory into safetensors.
+
+`save_state` / `load_state` already save and load FSDP models and optimizers;
+the peer's `save_fsdp_model` / `load_fsdp_model` / `save_fsdp_optimizer` /
+`load_fsdp_optimizer` at the end are for scripts that call them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import torch
+from torch import nn
+
+from .plugin import FullyShardedDataParallelPlugin
+
+__all__ = [
+    "MODEL_DIR", "OPTIMIZER_DIR", "full_model_state_dict", "load_full_model_state_dict", "full_optimizer_state_dict",
+    "load_full_optimizer_state_dict", "full_gradients", "load_full_gradients", "save_sharded", "read_sharded",
+    "apply_sharded", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
+]
+
+MODEL_DIR = "pytorch_model_fsdp"
+OPTIMIZER_DIR = "optimizer"
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+# -- full state dicts -------------------------------------------------------------------------------
+def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Gathered on the main process, in CPU memory; the other processes get an empty dict."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True)))
+
+
+def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, cast(dict[str, Any], state_dict), options=_options(full_state_dict=True))
+
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any) -> dict[str, Any]:
+    """torch's optimizer state dict, leaving an optimizer that never stepped as it was.
+
+    (torch creates missing state with a zero-gradient, zero-lr step; kept, it
+    would shift Adam's step count by one and change the next real step.)
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    fresh = not optimizer.state
+    try:
+        return get_optimizer_state_dict(model, optimizer, options=_options(**options))
+    finally:
+        if fresh:
+            optimizer.state.clear()
+
+
+def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Keyed by parameter names; gathered on the main process (empty elsewhere)."""
+    return optimizer_state(model, optimizer, full_state_dict=True, cpu_offload=True)
+
+
+def load_full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state_dict, options=_options(full_state_dict=True))
+
+
+# -- gradients between two optimizer steps ------------------------------------------------------------
+def _pending_unsharded(model: nn.Module) -> bool:
+    """Gradients accumulated without reduce-scatter (inside no_sync) live in FSDP's own buffers, not in .grad."""
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        group = get_state()._fsdp_param_group if get_state is not None else None
+        for fsdp_param in getattr(group, "fsdp_params", None) or []:
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if fsdp_param.unsharded_accumulated_grad is not None or (unsharded is not None and unsharded.grad is not None):
+                return True
+    return False
+
+
+def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The (already reduced) gradients as full tensors; refuses while unreduced gradients are pending."""
+    if _pending_unsharded(model):
+        raise RuntimeError(
+            "under FSDP the gradients accumulated since the last optimizer step are not reduced yet and cannot be "
+            "saved; save when accelerator.sync_gradients is True, or use GradientAccumulationPlugin(sync_each_batch=True)."
+        )
+    grads = {}
+    for name, param in model.named_parameters():
+        if param.grad is not None:
+            grad = param.grad
+            grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().cpu()
+    return grads
+
+
+def load_full_gradients(model: nn.Module, gradients: dict[str, torch.Tensor]) -> None:
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for name, param in model.named_parameters():
+        saved = gradients.get(name)
+        if saved is None:
+            param.grad = None
+        elif isinstance(param, DTensor):  # each process keeps its own slice; no communication
+            local = saved.to(device=param.device, dtype=param.dtype)
+            param.grad = distribute_tensor(local, param.device_mesh, param.placements, src_data_rank=None)
+        else:
+            param.grad = saved.to(device=param.device, dtype=param.dtype)
+
+
+# -- sharded files --------------------------------------------------------------------------------------
+def _files_under(root: Path, directory: Path) -> dict[str, int]:
+    return {str(f.relative_to(root)): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()}
+
+
+def save_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Module, Any]]) -> dict[str, int]:
+    """Each process writes its shard of every model and optimizer under `root`; returns the files it sees there."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    written: dict[str, int] = {}
+    for i, model in enumerate(models):
+        target = root / f"{MODEL_DIR}_{i}"
+        dcp.save(get_model_state_dict(model), checkpoint_id=target)
+        written.update(_files_under(root, target))
+    for i, (model, optimizer) in enumerate(pairs):
+        target = root / f"{OPTIMIZER_DIR}_{i}"
+        dcp.save(optimizer_state(model, optimizer), checkpoint_id=target)
+        written.update(_files_under(root, target))
+    return written
+
+
+def _fresh_like(value: Any) -> Any:
+    """New memory shaped like `value` (DTensors keep their mesh and placements), for reading without touching live state."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value)
+    if isinstance(value, dict):
+        return {k: _fresh_like(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fresh_like(v) for v in value]
+    return value
+
+
+@dataclass
+class ShardedContents:
+    models: list[tuple[nn.Module, dict[str, Any]]] = field(default_factory=list)
+    optimizers: list[tuple[nn.Module, Any, dict[str, Any]]] = field(default_factory=list)
+
+
+def read_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Module, Any]]) -> ShardedContents:
+    """Read this process's shards into new memory; the live models and optimizers are not changed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    contents = ShardedContents()
+    for i, model in enumerate(models):
+        target = _fresh_like(get_model_state_dict(model))
+        dcp.load(target, checkpoint_id=root / f"{MODEL_DIR}_{i}")
+        contents.models.append((model, target))
+    for i, (model, optimizer) in enumerate(pairs):
+        target = _fresh_like(optimizer_state(model, optimizer))
+        dcp.load(target, checkpoint_id=root / f"{OPTIMIZER_DIR}_{i}")
+        contents.optimizers.append((model, optimizer, target))
+    return contents
+
+
+def apply_sharded(contents: ShardedContents) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    for model, state in contents.models:
+        set_model_state_dict(model, state)
+    for model, optimizer, state in contents.optimizers:
+        set_optimizer_state_dict(model, optimizer, state)
+
+
+# -- merging shards into one weights file (no process group needed) ----------------------------------------
+def merge_fsdp_weights(checkpoint_dir: str | Path, output_path: str | Path, safe_serialization: bool = True,
+                       remove_checkpoint_dir: bool = False) -> Path:
+    """Merge a sharded FSDP model (a DCP directory) into one ``model.safetensors`` (or ``pytorch_model.bin``).
+
+    `checkpoint_dir` is either the model's DCP directory (``.../pytorch_model_fsdp_0``)
+    or a checkpoint saved by `save_state`, whose first model is taken. Runs in
+    one process, without a process group. Returns the written file.
+
+    Example:
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> save_fsdp_model(plugin, processes, nn.Linear(4, 2), "ckpt/checkpoint_3")
+        >>> merge_fsdp_weights("ckpt/checkpoint_3", "merged")
+        PosixPath('merged/model.safetensors')
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from ...checkpointing.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+    from ...checkpointing.model_files import write_weights
+
+    source = Path(checkpoint_dir)
+    if not (source / ".metadata").is_file() and (source / f"{MODEL_DIR}_0" / ".metadata").is_file():
+        source = source / f"{MODEL_DIR}_0"
+    if not (source / ".metadata").is_file():
+        raise FileNotFoundError(f"{checkpoint_dir} holds no sharded model (no .metadata there or in {MODEL_DIR}_0/); "
+                                "pass a checkpoint saved with state_dict_type SHARDED_STATE_DICT, or its model directory.")
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(source), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    target_dir = Path(output_path)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / (SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME)
+    write_weights(tensors, target, safe_serialization)
+    if remove_checkpoint_dir:
+        import shutil
+
+        shutil.rmtree(checkpoint_dir)
+    return target
+
+
+# -- the peer's helpers (``accelerate.utils.fsdp_utils``): every one is collective -----------------------
+class Processes(Protocol):
+    """What the peer's FSDP helpers ask of the `accelerator` they are given: who writes, and a barrier.
+
+    Example:
+        >>> class One:
+        ...     is_main_process = True
+        ...     def wait_for_everyone(self): pass
+        >>> processes: Processes = One()
+    """
+
+    @property
+    def is_main_process(self) -> bool: ...
+
+    def wait_for_everyone(self) -> None: ...
+
+
+def _name(base: str, index: int, suffix: str = "") -> str:
+    return f"{base}{suffix}" if index == 0 else f"{base}_{index}{suffix}"
+
+
+def _is_full(fsdp_plugin: FullyShardedDataParallelPlugin) -> bool:
+    return fsdp_plugin.state_dict_type == "FULL_STATE_DICT"
+
+
+def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes, model: nn.Module,
+                    output_dir: str | Path, model_index: int = 0, adapter_only: bool = False) -> None:
+    """Save an FSDP model: one full file from the main process, or a sharded DCP directory written by every process.
+
+    Example:
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> save_fsdp_model(plugin, processes, nn.Linear(4, 2), "out")
+        >>> sorted(path.name for path in Path("out").iterdir())
+        ['pytorch_model_fsdp_0']
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if adapter_only:
+        raise NotImplementedError("adapter_only=True needs PEFT integration, which hasten does not have; save the whole model.")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if _is_full(fsdp_plugin):
+        state = full_model_state_dict(model)
+        if accelerator.is_main_process:
+            torch.save(state, output_dir / _name(MODEL_DIR, model_index, ".bin"))
+    else:
+        dcp.save(get_model_state_dict(model), checkpoint_id=output_dir / f"{MODEL_DIR}_{model_index}")
+    accelerator.wait_for_everyone()
+
+
+def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes, model: nn.Module,
+                    input_dir: str | Path, model_index: int = 0, adapter_only: bool = False) -> None:
+    """Load what `save_fsdp_model` wrote into the prepared (sharded) model.
+
+    Example:
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> model, copy = nn.Linear(4, 2), nn.Linear(4, 2)
+        >>> save_fsdp_model(plugin, processes, model, "out")
+        >>> load_fsdp_model(plugin, processes, copy, "out")
+        >>> torch.equal(copy.weight, model.weight)
+        True
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    if adapter_only:
+        raise NotImplementedError("adapter_only=True needs PEFT integration, which hasten does not have; load the whole model.")
+    input_dir = Path(input_dir)
+    if _is_full(fsdp_plugin):
+        load_full_model_state_dict(model, torch.load(input_dir / _name(MODEL_DIR, model_index, ".bin"), weights_only=True))
+    else:
+        state = get_model_state_dict(model)
+        dcp.load(state, checkpoint_id=input_dir / f"{MODEL_DIR}_{model_index}")
+        set_model_state_dict(model, state)
+
+
+def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes,
+                        optimizer: torch.optim.Optimizer, model: nn.Module, output_dir: str | Path,
+                        optimizer_index: int = 0) -> None:
+    """Save an FSDP optimizer's state, full (main process) or sharded (every process).
+
+    Example:
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> model = nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> save_fsdp_optimizer(plugin, processes, optimizer, model, "out")
+        >>> sorted(path.name for path in Path("out").iterdir())
+        ['optimizer_0']
+    """
+    import torch.distributed.checkpoint as dcp
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if _is_full(fsdp_plugin):
+        state = full_optimizer_state_dict(model, inner)
+        if accelerator.is_main_process:
+            torch.save(state, output_dir / _name(OPTIMIZER_DIR, optimizer_index, ".bin"))
+    else:
+        dcp.save(optimizer_state(model, inner), checkpoint_id=output_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
+    accelerator.wait_for_everyone()
+
+
+def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes,
+                        optimizer: torch.optim.Optimizer, model: nn.Module, input_dir: str | Path,
+                        optimizer_index: int = 0, adapter_only: bool = False) -> None:
+    """Load what `save_fsdp_optimizer` wrote into the prepared optimizer.
+
+    Example:
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> model = nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> save_fsdp_optimizer(plugin, processes, optimizer, model, "out")
+        >>> load_fsdp_optimizer(plugin, processes, optimizer, model, "out")
+        >>> optimizer.param_groups[0]["lr"]
+        0.1
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    input_dir = Path(input_dir)
+    if _is_full(fsdp_plugin):
+        saved = torch.load(input_dir / _name(OPTIMIZER_DIR, optimizer_index, ".bin"), weights_only=True)
+        load_full_optimizer_state_dict(model, inner, saved)
+    else:
+        state = optimizer_state(model, inner)
+        dcp.load(state, checkpoint_id=input_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
+        set_optimizer_state_dict(model, inner, state)

@@ -1,0 +1,44 @@
+"""Model parallelism over one named device mesh, one concept a module.
+
+- `mesh.py`: `ParallelismConfig`, the N-D sizes (dp_replicate x dp_shard x cp x tp) and the `DeviceMesh` they
+  describe (the peer's path for it is `hasten.parallelism_config`);
+- `tensor.py`: `apply_tensor_parallel` (`parallelize_module` by a plan: the user's or the model's `tp_plan`);
+- `pipeline.py`: `prepare_pippy` (pipelined inference; the peer's path is `hasten.inference`) and
+  `prepare_pipeline_training` (GPipe / 1F1B on `torch.distributed.pipelining`).
+
+The names below are imported on first use, so reading a `ParallelismConfig` does not import torch.
+
+Example:
+    >>> from hasten.strategies.parallel import apply_tensor_parallel, prepare_pipeline_training, prepare_pippy
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ParallelismConfig": "mesh",
+    "PipelineTrainer": "pipeline",
+    "auto_split_points": "pipeline",
+    "prepare_pipeline_training": "pipeline",
+    "prepare_pippy": "pipeline",
+    "apply_tensor_parallel": "tensor",
+    "expand_tp_plan": "tensor",
+    "model_tp_plan": "tensor",
+    "tp_style": "tensor",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *globals()})

@@ -1,0 +1,270 @@
+"""N-D parallelism sizes (data replicate x data shard x context x tensor) and the device mesh they describe.
+
+Mirrors Accelerate's ``accelerate.parallelism_config.ParallelismConfig`` (itself
+modelled on torchtitan's ``ParallelDims``): the four sizes multiply to the
+number of processes, and :meth:`ParallelismConfig.build_device_mesh` lays the
+processes out as one named ``DeviceMesh`` with the dimensions ordered
+``("dp_replicate", "dp_shard", "cp", "tp")`` -- tensor parallel innermost, so
+its (chatty) collectives stay between neighbouring ranks, on one machine.
+
+Example:
+    >>> from hasten.strategies.parallel.mesh import ParallelismConfig
+    >>> config = ParallelismConfig(dp_shard_size=2, tp_size=2)   # 4 processes: FSDP x TP
+    >>> config.total_size, config.fsdp_enabled, config.tp_enabled
+    (4, True, True)
+    >>> config.mesh_dim_names
+    ('dp_shard', 'tp')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["ParallelismConfig", "MESH_ORDER"]
+
+# outermost -> innermost; the innermost dims get the neighbouring ranks
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass
+class ParallelismConfig:
+    """How many processes each kind of parallelism spans; the product must equal the number of processes.
+
+    Args:
+        dp_replicate_size: data-parallel replicas (DDP, or the replicate dim of HSDP); 1 disables it.
+        dp_shard_size: processes a model is sharded over (FSDP2); 1 disables sharding.
+        tp_size: tensor-parallel degree (``torch.distributed.tensor.parallel``); 1 disables it.
+        cp_size: context-parallel degree; only 1 is accepted (context parallel needs SDPA on CUDA).
+        tp_handler: the tensor-parallel plan (a dict of module-name pattern -> "colwise" / "rowwise", or an
+            object with a `tp_plan`); None uses the model's own `tp_plan`.
+        cp_handler: extra context-parallel options, kept for Accelerate compatibility (not read by hasten).
+
+    ``dp_replicate_size > 1`` with ``dp_shard_size == 1`` is plain DDP; with
+    ``dp_shard_size > 1`` it is HSDP. Tensor parallel composes with FSDP/HSDP,
+    not with plain DDP (as in Accelerate).
+
+    Example:
+        >>> config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)   # HSDP on 4 processes
+        >>> config.dp_dim_names, config.needs_sharded_engine
+        (['dp_replicate', 'dp_shard'], True)
+        >>> ParallelismConfig(tp_size=2).validate(num_processes=2)
+        >>> # in every process, after the process group exists:
+        >>> # mesh = ParallelismConfig(tp_size=2).build_device_mesh("cpu"); mesh["tp"].size()
+    """
+
+    dp_replicate_size: int = 1
+    dp_shard_size: int = 1
+    tp_size: int = 1
+    cp_size: int = 1
+    tp_handler: Any = None
+    cp_handler: Any = None
+    device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
+    # flattened views ("dp", "dp_shard_cp", "dp_cp"), kept because torch is deprecating `root_mesh["flat_name"]`
+    flattened_meshes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size"):
+            value = getattr(self, name)
+            if value is None:  # Accelerate's default spelling of "not used"
+                setattr(self, name, 1)
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ParallelismConfig.{name} must be a whole number >= 1, got {value!r}; "
+                                 f"use 1 to switch that parallelism off.")
+        if self.cp_size > 1:
+            raise ValueError(f"ParallelismConfig(cp_size={self.cp_size}) is not supported: context parallelism needs "
+                             "scaled-dot-product attention kernels on CUDA, which hasten does not wire up; use cp_size=1.")
+        if self.tp_size > 1 and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+            raise ValueError("tensor parallelism cannot be combined with plain data replication (dp_replicate_size > 1 "
+                             "with dp_shard_size == 1); set dp_shard_size > 1 to compose it with FSDP/HSDP instead.")
+
+    # -- sizes ----------------------------------------------------------------
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Every dimension's size, in mesh order."""
+        return {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size,
+                "cp": self.cp_size, "tp": self.tp_size}
+
+    @property
+    def total_size(self) -> int:
+        """The product of all sizes: the number of processes this configuration needs."""
+        return math.prod(self.sizes.values())
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that see different batches: ``dp_replicate_size * dp_shard_size``."""
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """Processes that see the same batch: ``tp_size * cp_size``."""
+        return self.tp_size * self.cp_size
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard_size > 1
+
+    @property
+    def dp_enabled(self) -> bool:
+        """True when batches differ between processes (replication or sharding)."""
+        return self.data_parallel_size > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """True when the model is sharded over ``dp_shard`` (FSDP2, or HSDP with replication)."""
+        return self.dp_shard_size > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp_size > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp_size > 1
+
+    @property
+    def needs_sharded_engine(self) -> bool:
+        """True when only the FSDP2 strategy can run this layout (sharding or tensor parallel)."""
+        return self.fsdp_enabled or self.tp_enabled
+
+    # -- mesh names (Accelerate/torchtitan naming) -----------------------------
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """The enabled data-parallel dims, flattened into ``"dp"`` on the mesh."""
+        return [name for name in ("dp_replicate", "dp_shard") if self.sizes[name] > 1]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        return [name for name in ("cp", "tp") if self.sizes[name] > 1]
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """The dims FSDP shards parameters over, flattened into ``"dp_shard_cp"``."""
+        return [name for name in ("dp_shard", "cp") if self.sizes[name] > 1]
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """The dims a loss is averaged over, flattened into ``"dp_cp"``."""
+        return [name for name in ("dp_replicate", "dp_shard", "cp") if self.sizes[name] > 1]
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The mesh dims to pass to ``fully_shard``: ``["dp_replicate", "dp_shard_cp"]`` for HSDP, else ``["dp_shard_cp"]``."""
+        return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        return [name for name in MESH_ORDER if self.sizes[name] > 1]
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """The names of the mesh's real dims; ``("dp_shard",)`` when every size is 1 (a mesh has at least one dim)."""
+        return tuple(self.active_mesh_dims) or ("dp_shard",)
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(self.sizes[name] for name in self.mesh_dim_names)
+
+    # -- checks and mesh ----------------------------------------------------------
+    def validate(self, num_processes: int) -> None:
+        """Raise unless the sizes multiply to `num_processes`.
+
+        Example:
+            >>> ParallelismConfig(dp_shard_size=2).validate(2)
+        """
+        if self.total_size != num_processes:
+            raise ValueError(
+                f"ParallelismConfig needs {self.total_size} processes (dp_replicate {self.dp_replicate_size} x "
+                f"dp_shard {self.dp_shard_size} x cp {self.cp_size} x tp {self.tp_size}) but {num_processes} were "
+                f"started; change the sizes so their product is {num_processes}, or launch {self.total_size} processes.")
+
+    def build_device_mesh(self, device_type: str) -> DeviceMesh:
+        """Build (once) and return the named device mesh over all processes of the default process group.
+
+        Dims of size 1 are left out; ``"dp"``, ``"dp_shard_cp"`` and
+        ``"dp_cp"`` are flattened views over the dims named by
+        :attr:`dp_dim_names`, :attr:`dp_shard_cp_dim_names` and
+        :attr:`dp_cp_dim_names` (when any is enabled), so ``mesh["dp"]`` is
+        the group batches differ over and ``mesh["tp"]`` the tensor-parallel group.
+
+        Example:
+            >>> import hasten
+            >>> def build():  # in each of 4 processes
+            ...     hasten.PartialState(cpu=True)  # creates the process group
+            ...     config = ParallelismConfig(dp_shard_size=2, tp_size=2)
+            ...     mesh = config.build_device_mesh("cpu")
+            ...     assert mesh.mesh_dim_names == ("dp_shard", "tp") and config.submesh("dp").size() == 2
+            >>> hasten.debug_launcher(build, num_processes=4)
+        """
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.device_mesh is not None:
+            if self.device_mesh.device_type != device_type:
+                raise ValueError(f"the device mesh was already built for {self.device_mesh.device_type!r}, not "
+                                 f"{device_type!r}; use one device type per ParallelismConfig.")
+            return self.device_mesh
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("build_device_mesh needs the process group; create hasten.PartialState() or "
+                               "hasten.Accelerator() first.")
+        self.validate(dist.get_world_size())
+        mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
+        for flat_name, dims in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
+                                ("dp_cp", self.dp_cp_dim_names)):
+            if dims:  # a single dim flattens to an alias of itself, so mesh["dp"] always works once dp is on
+                self.flattened_meshes[flat_name] = mesh[tuple(dims)]._flatten(flat_name)
+        self.device_mesh = mesh
+        return mesh
+
+    def submesh(self, name: str) -> DeviceMesh:
+        """The 1-D mesh of one dim or flattened view (``"tp"``, ``"dp"``, ``"dp_shard_cp"``...) of the built mesh.
+
+        Prefer it to ``mesh["dp"]``: torch is deprecating slicing flattened dims from the root mesh.
+
+        Example:
+            >>> import hasten
+            >>> def meshes():  # in each of 2 processes
+            ...     hasten.PartialState(cpu=True)
+            ...     config = ParallelismConfig(tp_size=2)
+            ...     config.build_device_mesh("cpu")
+            ...     tp_mesh = config.submesh("tp")
+            ...     assert tp_mesh.size() == 2 and tp_mesh.mesh_dim_names == ("tp",)
+            >>> hasten.debug_launcher(meshes, num_processes=2)
+        """
+        mesh = self.get_device_mesh()
+        if name in self.flattened_meshes:
+            return self.flattened_meshes[name]
+        if name not in (mesh.mesh_dim_names or ()):
+            raise KeyError(f"the device mesh has no dim {name!r} (it has {mesh.mesh_dim_names} and flattened views "
+                           f"{sorted(self.flattened_meshes)}); a dim of size 1 is left out of the mesh.")
+        return mesh[name]
+
+    def get_device_mesh(self, device_type: str | None = None) -> DeviceMesh:
+        """The mesh built by :meth:`build_device_mesh` (built now when `device_type` is given).
+
+        Example:
+            >>> import hasten
+            >>> def mesh():  # in each of 2 processes
+            ...     hasten.PartialState(cpu=True)
+            ...     config = ParallelismConfig(dp_shard_size=2)
+            ...     built = config.get_device_mesh("cpu")  # builds it
+            ...     assert config.get_device_mesh() is built and built.mesh_dim_names == ("dp_shard",)
+            >>> hasten.debug_launcher(mesh, num_processes=2)
+        """
+        if self.device_mesh is None:
+            if device_type is None:
+                raise ValueError("the device mesh is not built yet; pass device_type, e.g. get_device_mesh('cpu').")
+            return self.build_device_mesh(device_type)
+        if device_type is not None and device_type != self.device_mesh.device_type:
+            raise ValueError(f"the device mesh was already built for {self.device_mesh.device_type!r}, not "
+                             f"{device_type!r}; use one device type per ParallelismConfig.")
+        return self.device_mesh
+
