@@ -86,8 +86,22 @@ def clear_environment() -> Iterator[None]:
         ...     len(os.environ)
         0
     """
+    with restored_environment():
+        os.environ.clear()
+        yield
+
+
+@contextlib.contextmanager
+def restored_environment() -> Iterator[None]:
+    """Afterwards `os.environ` is exactly as before the block, whatever the block (or a library in it) changed.
+
+    Example:
+        >>> with restored_environment():
+        ...     os.environ["MY_PROBE_VARIABLE"] = "1"
+        >>> "MY_PROBE_VARIABLE" in os.environ
+        False
+    """
     saved = os.environ.copy()
-    os.environ.clear()
     try:
         yield
     finally:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..checkpointing.preemption import read_preemption_record
+from ..environment import restored_environment
 from ..launch_spec import BOARD_DIR_ENV, EXIT_PREEMPTED, PREEMPTION_RECORD_ENV, PROGRESS_FILE_ENV, LaunchSpec
 from .failures import all_failures, failure_summary
 from .leftovers import empty, owned_directory, shared_directory
@@ -272,13 +273,9 @@ def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
 
     The elastic agent also writes to os.environ (TORCHELASTIC_*); those go too.
     """
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
+    with restored_environment():
+        os.environ.update(values)
         yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @contextlib.contextmanager
