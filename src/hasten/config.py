@@ -22,7 +22,7 @@ from typing import Any, Mapping, get_args, get_origin
 
 from .errors import ConfigError
 from .strategies.fsdp.plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
-from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
+from .launch_spec import CONFIG_FILE_ENV, MIXED_PRECISION_CHOICES, fp8_problem
 
 __all__ = [
     "ConfigError",
@@ -36,7 +36,6 @@ __all__ = [
     "config_fields",
 ]
 
-CONFIG_ENV_VAR = "HASTEN_CONFIG_FILE"
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 MIXED_PRECISIONS = MIXED_PRECISION_CHOICES  # spelled once, in launch_spec
 # A process silent this long is frozen (hasten.launch.liveness): the run ends within a minute of the freeze.
@@ -411,8 +410,8 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
         PosixPath('/tmp/x.yaml')
     """
     env = os.environ if env is None else env
-    if env.get(CONFIG_ENV_VAR):
-        return Path(env[CONFIG_ENV_VAR]).expanduser()
+    if env.get(CONFIG_FILE_ENV):
+        return Path(env[CONFIG_FILE_ENV]).expanduser()
     base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", os.path.expanduser("~")), ".config")
     return Path(base) / "hasten" / "default_config.yaml"
 

@@ -3,8 +3,8 @@
 Example:
     >>> import os
     >>> from hasten.environment import patch_environment
-    >>> with patch_environment(hasten_example="1"):
-    ...     os.environ["HASTEN_EXAMPLE"]
+    >>> with patch_environment(my_setting="1"):
+    ...     os.environ["MY_SETTING"]
     '1'
 """
 
@@ -37,7 +37,7 @@ def get_int_from_env(env_keys: list[str], default: int) -> int:
     """The first of `env_keys` set to a non-negative integer, else `default`.
 
     Example:
-        >>> get_int_from_env(["HASTEN_SURELY_UNSET"], 3)
+        >>> get_int_from_env(["SURELY_UNSET_VARIABLE"], 3)
         3
     """
     for key in env_keys:
@@ -51,7 +51,7 @@ def parse_flag_from_env(key: str, default: bool = False) -> bool:
     """The boolean value of environment variable `key` (`default` when unset).
 
     Example:
-        >>> parse_flag_from_env("HASTEN_SURELY_UNSET", default=True)
+        >>> parse_flag_from_env("SURELY_UNSET_VARIABLE", default=True)
         True
     """
     return bool(str_to_bool(os.environ.get(key, str(default)), to_bool=True))
@@ -61,7 +61,7 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
     """The value of environment variable `key`, or `default`.
 
     Example:
-        >>> parse_choice_from_env("HASTEN_SURELY_UNSET", "bf16")
+        >>> parse_choice_from_env("SURELY_UNSET_VARIABLE", "bf16")
         'bf16'
     """
     return os.environ.get(key, str(default))
@@ -86,8 +86,22 @@ def clear_environment() -> Iterator[None]:
         ...     len(os.environ)
         0
     """
+    with restored_environment():
+        os.environ.clear()
+        yield
+
+
+@contextlib.contextmanager
+def restored_environment() -> Iterator[None]:
+    """Afterwards `os.environ` is exactly as before the block, whatever the block (or a library in it) changed.
+
+    Example:
+        >>> with restored_environment():
+        ...     os.environ["MY_PROBE_VARIABLE"] = "1"
+        >>> "MY_PROBE_VARIABLE" in os.environ
+        False
+    """
     saved = os.environ.copy()
-    os.environ.clear()
     try:
         yield
     finally:

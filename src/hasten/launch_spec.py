@@ -3,28 +3,16 @@
 Settings travel as a single JSON blob in one environment variable, instead
 of a dozen loosely typed variables spread across modules; each process
 decodes it once (`LaunchSpec.current`), and explicit `Accelerator`
-arguments win over it. Every other variable a hasten launcher passes to its
-processes, and the exit codes they answer with, are named here too, so
-launcher and worker can only disagree in one file:
-
-==========================  ============================================================
-``HASTEN_LAUNCH_SPEC``      the `LaunchSpec`, as JSON (`SPEC_ENV_VAR`)
-``HASTEN_BOARD_DIR``        the shared-memory directory of the mismatch check's board,
-                            when every process runs on this machine (`BOARD_DIR_ENV`)
-``HASTEN_PROGRESS_FILE``    the file the main process touches after its first training
-                            batch: a failed attempt got somewhere (`PROGRESS_FILE_ENV`)
-``HASTEN_PREEMPTION_RECORD`` where the main process writes what a preemption saved
-                            (`PREEMPTION_RECORD_ENV`)
-``HASTEN_HEARTBEAT_DIR``    where each process's heartbeat file goes, renewed every second
-                            by a thread, so the launcher tells a frozen process from a
-                            busy one (`HEARTBEAT_DIR_ENV`; `hasten.process.heartbeat`)
-``ACCELERATE_*``, ...       the peer's variables, derived from the spec (`LaunchSpec.peer_env`)
-==========================  ============================================================
+arguments win over it. Every other ``HASTEN_*`` variable (what a hasten
+launcher passes to its processes, and the settings a user may choose
+through the environment, with the one function that reads each), the
+peer's variables a launcher exports (`LaunchSpec.peer_env`) and the exit
+codes processes answer with are named here too, once, so launcher, worker
+and docs can only disagree in one file. docs/troubleshooting.md lists the
+variables (a test keeps the list complete).
 
 Exit codes: `EXIT_PREEMPTED` (75, a checkpoint was saved: start the run
-again), `EXIT_FAILED` (1), `EXIT_INTERRUPTED` (130, Ctrl-C). The settings a
-user chooses through the environment (``HASTEN_DEBUG``,
-``HASTEN_WATCHDOG``, ...) are listed in docs/troubleshooting.md.
+again), `EXIT_FAILED` (1), `EXIT_INTERRUPTED` (130, Ctrl-C).
 """
 
 from __future__ import annotations
@@ -35,15 +23,31 @@ from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
 __all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
-           "HEARTBEAT_DIR_ENV", "RESTART_COUNT_VAR", "MAX_RESTARTS_VAR", "EXIT_PREEMPTED", "EXIT_FAILED", "EXIT_INTERRUPTED",
-           "MIXED_PRECISION_CHOICES", "fp8_problem"]
+           "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
+           "INIT_INCLUDE_BUFFERS_ENV", "PEER_INIT_INCLUDE_BUFFERS_ENV", "CONFIG_FILE_ENV", "NO_ARROW_MENU_ENV",
+           "RESTART_COUNT_VAR", "MAX_RESTARTS_VAR", "EXIT_PREEMPTED", "EXIT_FAILED", "EXIT_INTERRUPTED",
+           "MIXED_PRECISION_CHOICES", "fp8_problem", "debug_requested", "watchdog_enabled", "cpu_fp16_enabled",
+           "log_level_from_env"]
 
-SPEC_ENV_VAR = "HASTEN_LAUNCH_SPEC"
-BOARD_DIR_ENV = "HASTEN_BOARD_DIR"
-PROGRESS_FILE_ENV = "HASTEN_PROGRESS_FILE"
-PREEMPTION_RECORD_ENV = "HASTEN_PREEMPTION_RECORD"
-HEARTBEAT_DIR_ENV = "HASTEN_HEARTBEAT_DIR"
-RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torch's elastic agent for the attempt it started
+# -- what a hasten launcher sets for the processes it starts (not settings: a user never sets them)
+SPEC_ENV_VAR = "HASTEN_LAUNCH_SPEC"  # the `LaunchSpec`, as JSON
+BOARD_DIR_ENV = "HASTEN_BOARD_DIR"  # shared-memory directory of the mismatch check's board (all ranks on one machine)
+PROGRESS_FILE_ENV = "HASTEN_PROGRESS_FILE"  # touched by the main process after its first training batch
+PREEMPTION_RECORD_ENV = "HASTEN_PREEMPTION_RECORD"  # where the main process writes what a preemption saved
+HEARTBEAT_DIR_ENV = "HASTEN_HEARTBEAT_DIR"  # where each process's heartbeat file goes (`hasten.process.heartbeat`)
+# -- settings a user may choose through the environment, read in each process (by the functions below)
+DEBUG_ENV = "HASTEN_DEBUG"  # debug mode, as `hasten launch --debug` (any value but "" or "0")
+WATCHDOG_ENV = "HASTEN_WATCHDOG"  # "0": no deadlock watchdog thread
+CPU_FP16_ENV = "HASTEN_CPU_FP16"  # "1"/"true": real fp16 autocast on the CPU instead of full precision
+LOG_LEVEL_ENV = "HASTEN_LOG_LEVEL"  # level of `get_logger` loggers given none
+PEER_LOG_LEVEL_ENV = "ACCELERATE_LOG_LEVEL"  # the peer's name for it, read after ours
+INIT_INCLUDE_BUFFERS_ENV = "HASTEN_INIT_INCLUDE_BUFFERS"  # a true flag: `init_empty_weights` puts buffers on meta too
+PEER_INIT_INCLUDE_BUFFERS_ENV = "ACCELERATE_INIT_INCLUDE_BUFFERS"  # the peer's name for it
+# -- settings of hasten's commands (never read inside a launched process)
+CONFIG_FILE_ENV = "HASTEN_CONFIG_FILE"  # the config file of `hasten launch` / `hasten config`
+NO_ARROW_MENU_ENV = "HASTEN_NO_ARROW_MENU"  # any value but "" or "0": `hasten config` asks with numbered lists
+# -- torch's elastic agent sets these; `LaunchSpec.peer_env` adds hasten's own restarts to them
+RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"  # restarts before the attempt this process belongs to
 MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early and resumes when started again
@@ -66,6 +70,51 @@ def fp8_problem() -> str:
         return ("mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine and neither is installed; "
                 "install one (pip install torchao) or use mixed_precision='bf16'.")
     return "mixed_precision='fp8' training is not built into this hasten version yet; use mixed_precision='bf16'."
+
+
+def debug_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Debug mode: the launch spec's `debug` (``hasten launch --debug``), else `DEBUG_ENV` set (not "" or "0").
+
+    Example:
+        >>> debug_requested({DEBUG_ENV: "1"}), debug_requested({DEBUG_ENV: "0"})
+        (True, False)
+    """
+    spec = LaunchSpec.current() if env is None else LaunchSpec.from_env(env)
+    env = os.environ if env is None else env
+    return spec.debug or env.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def watchdog_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a process runs the deadlock watchdog thread: yes unless `WATCHDOG_ENV` is "0".
+
+    Example:
+        >>> watchdog_enabled({}), watchdog_enabled({WATCHDOG_ENV: "0"})
+        (True, False)
+    """
+    env = os.environ if env is None else env
+    return env.get(WATCHDOG_ENV, "1") != "0"
+
+
+def cpu_fp16_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether fp16 on the CPU really autocasts (`CPU_FP16_ENV` "1" or "true"); else it trains in full precision.
+
+    Example:
+        >>> cpu_fp16_enabled({CPU_FP16_ENV: "true"}), cpu_fp16_enabled({})
+        (True, False)
+    """
+    env = os.environ if env is None else env
+    return env.get(CPU_FP16_ENV, "") in ("1", "true")
+
+
+def log_level_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """The log level the environment asks for: `LOG_LEVEL_ENV`, else `PEER_LOG_LEVEL_ENV` (None: neither set).
+
+    Example:
+        >>> log_level_from_env({PEER_LOG_LEVEL_ENV: "INFO"})
+        'INFO'
+    """
+    env = os.environ if env is None else env
+    return next((env[name] for name in (LOG_LEVEL_ENV, PEER_LOG_LEVEL_ENV) if env.get(name)), None)
 
 
 # Accelerate's variable -> the config field it carries (FSDPConfig / DeepSpeedConfig in hasten.config).

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any, MutableMapping
 
-__all__ = ["get_logger", "MultiProcessAdapter"]
+from .launch_spec import log_level_from_env
 
-_LEVEL_VARIABLES = ("HASTEN_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
+__all__ = ["get_logger", "MultiProcessAdapter"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -99,7 +98,7 @@ def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAda
         >>> logger.info("step %d done", 10)
     """
     if log_level is None:
-        log_level = next((os.environ[v] for v in _LEVEL_VARIABLES if os.environ.get(v)), None)
+        log_level = log_level_from_env()
     logger = logging.getLogger(name)
     if log_level is not None:
         level = log_level.upper() if isinstance(log_level, str) else log_level

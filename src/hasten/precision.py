@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from .launch_spec import MIXED_PRECISION_CHOICES, fp8_problem
+from .launch_spec import MIXED_PRECISION_CHOICES, cpu_fp16_enabled, fp8_problem
 
 __all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32"]
 
@@ -146,7 +145,7 @@ def make_precision_policy(precision: str, device: torch.device, scaler_kwargs: d
         torch.bfloat16
     """
     check_precision_supported(precision, device.type)
-    if precision == "fp16" and device.type == "cpu" and os.environ.get("HASTEN_CPU_FP16", "") not in ("1", "true"):
+    if precision == "fp16" and device.type == "cpu" and not cpu_fp16_enabled():
         warnings.warn("mixed_precision='fp16' needs a GPU: on the CPU this run trains in full precision, as under "
                       "Accelerate (use 'bf16' for mixed precision on the CPU).", stacklevel=3)
         return PrecisionPolicy(name=precision, device_type=device.type, dtype=None, scaler=None)

@@ -23,7 +23,11 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator(cpu=True)
     accelerator.gather(torch.tensor([accelerator.process_index]))  # every rank is connected
-    (out_dir / f"ready.rank{accelerator.process_index}").write_text(str(os.getpid()))
+    # written then renamed: the test polls for the name and must never read an empty file
+    ready = out_dir / f"ready.rank{accelerator.process_index}"
+    partial = out_dir / f".{ready.name}.tmp"
+    partial.write_text(str(os.getpid()))
+    partial.rename(ready)
     time.sleep(300)
     (out_dir / f"finished.rank{accelerator.process_index}").write_text("yes")
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..logging import get_logger
 from ..environment import parse_flag_from_env
+from ..launch_spec import INIT_INCLUDE_BUFFERS_ENV, PEER_INIT_INCLUDE_BUFFERS_ENV
 from ..objects import recursive_getattr
 from .device_map import check_device_map, get_balanced_memory, infer_auto_device_map
 from .hooks import (
@@ -53,7 +54,7 @@ _DEVICE_MAP_STRINGS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def _include_buffers_default() -> bool:
-    return parse_flag_from_env("HASTEN_INIT_INCLUDE_BUFFERS") or parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS")
+    return parse_flag_from_env(INIT_INCLUDE_BUFFERS_ENV) or parse_flag_from_env(PEER_INIT_INCLUDE_BUFFERS_ENV)
 
 
 @contextlib.contextmanager
@@ -304,10 +305,13 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     files and broadcasts them) are as in `load_checkpoint_in_model`.
 
     Example:
+        >>> torch.save(nn.Linear(4, 2).state_dict(), "model.bin")
         >>> with init_empty_weights():
-        ...     model = MyModel()  # doctest: +SKIP
-        >>> model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
-        ...                                      max_memory={"cpu": "2GB"}, offload_folder="offload")  # doctest: +SKIP
+        ...     model = nn.Linear(4, 2)
+        >>> model = load_checkpoint_and_dispatch(model, "model.bin", device_map="auto",
+        ...                                      max_memory={"cpu": "2GB"}, offload_folder="offload")
+        >>> model.weight.device
+        device(type='cpu')
     """
     if isinstance(device_map, str):
         budgets: Any = max_memory

@@ -23,10 +23,10 @@ Example:
     'model.safetensors'
 """
 
-import importlib
 from typing import Any
 
 from .constants import *  # noqa: F403 - the file-name constants, at Accelerate's import path
+from ..lazy import lazy_exports
 from .constants import CUSTOM_STATE_NAME, __all__ as _constants
 
 # name -> submodule; imported on first use, so `import hasten` / `from hasten import Accelerator` stay fast
@@ -41,15 +41,7 @@ _LAZY = {
 }
 
 __all__ = [*_constants, *_LAZY, "save_custom_state", "load_custom_state"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hasten.checkpointing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, _ = lazy_exports(__name__, _LAZY, globals())
 
 
 def save_custom_state(obj: Any, path: str, index: int = 0, save_on_each_node: bool = False) -> None:

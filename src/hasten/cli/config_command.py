@@ -20,7 +20,7 @@ from ..config import (
     save_config,
     to_dict,
 )
-from ..launch_spec import MIXED_PRECISION_CHOICES
+from ..launch_spec import CONFIG_FILE_ENV, EXIT_INTERRUPTED, MIXED_PRECISION_CHOICES
 from . import prompts
 
 _MACHINE_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "TPU")
@@ -34,7 +34,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="answer a few questions once; `hasten launch` then runs as configured",
         description=(
             "Ask questions about this machine and write a launch config file.\n"
-            f"Default file: {default_config_path()} (set ${'HASTEN_CONFIG_FILE'} or pass --config_file)."
+            f"Default file: {default_config_path()} (set ${CONFIG_FILE_ENV} or pass --config_file)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -251,7 +251,7 @@ def questionnaire(path: Path) -> int:
         config = ask_answers(existing)
     except prompts.Aborted:
         sys.stderr.write("hasten config: aborted; no file was written.\n")
-        return 130
+        return EXIT_INTERRUPTED
     save_config(config, path)
     print(f"hasten config: wrote {path}. Start your script with: hasten launch your_script.py")
     return 0

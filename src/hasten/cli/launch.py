@@ -200,7 +200,10 @@ def main(argv: list[str]) -> int:
     """`hasten launch ARGV...` as a function (what `hasten test` calls); returns the process exit code.
 
     Example:
-        >>> main(["--dry_run", "--cpu", "train.py"])  # doctest: +SKIP
+        >>> _ = open("train.py", "w").write("print('hello')")
+        >>> main(["--dry_run", "--cpu", "train.py"])  # doctest: +ELLIPSIS
+        HASTEN_LAUNCH_SPEC=... -m hasten.launch.worker train.py
+        0
     """
     from .parsing import ConciseParser, run_command
 

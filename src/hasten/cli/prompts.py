@@ -107,7 +107,9 @@ def _arrow_keys_possible() -> bool:
 def _env_disables_arrows() -> bool:
     import os
 
-    return os.environ.get("HASTEN_NO_ARROW_MENU", "") not in ("", "0") or os.environ.get("TERM") == "dumb"
+    from ..launch_spec import NO_ARROW_MENU_ENV
+
+    return os.environ.get(NO_ARROW_MENU_ENV, "") not in ("", "0") or os.environ.get("TERM") == "dumb"
 
 
 def _arrow_menu(question: str, labels: list[str], index: int) -> int | None:

@@ -11,7 +11,8 @@ How it works: the same plan -> run code as `hasten launch`
 (`hasten.launch.run.launch`: the workers' environment, the board
 directory, restarts, failure records, leftovers), with one difference:
 each process runs the function, forked by torch's elastic agent in this
-process (`hasten.launch.worker.run_function`), instead of a script. Fork
+process (`hasten.launch.worker.run_function`), instead of a script; a plan
+of one process calls the function right here, with the launch spec. Fork
 (not spawn) is what lets a function defined in a notebook cell run in the
 workers: spawned children re-import everything by name, and a cell's
 functions have no importable name. Forking is only safe while this process
@@ -134,18 +135,22 @@ def notebook_launcher(
 
     Example:
         >>> def train(out_dir):
+        ...     from pathlib import Path
         ...     from hasten import Accelerator
         ...     accelerator = Accelerator(cpu=True)
-        ...     accelerator.print(f"{accelerator.num_processes} processes")
-        >>> notebook_launcher(train, ("/tmp/run",), num_processes=2, use_port=29555)  # doctest: +SKIP
-        2 processes
+        ...     accelerator.print(f"{accelerator.num_processes} processes")  # shown in a notebook's output
+        ...     if accelerator.is_main_process:
+        ...         Path(out_dir, "processes.txt").write_text(str(accelerator.num_processes))
+        >>> notebook_launcher(train, (".",), num_processes=2, use_port=29555)
+        >>> open("processes.txt").read()
+        '2'
     """
     if num_processes is None:
         num_processes = _default_num_processes()
     _check_counts(num_processes, num_nodes, node_rank)
     spec = _spec(mixed_precision, cpu=False)
-    if num_processes == 1 and num_nodes == 1 and max_restarts == 0:
-        _run_here(function, args, spec)
+    if num_processes == 1 and num_nodes == 1 and max_restarts == 0:  # runs right here (`launch.run`)
+        _launch(LaunchPlan(target=_name(function), spec=spec, function=function, function_args=tuple(args)))
         return None
     _refuse_unsafe_fork()
     port = _port(use_port)
@@ -182,12 +187,12 @@ def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (), num_p
         ...     accelerator = Accelerator()
         ...     total = accelerator.reduce(torch.ones(1), reduction="sum")
         ...     assert total.item() == accelerator.num_processes
-        >>> debug_launcher(check, num_processes=2)  # doctest: +SKIP
+        >>> debug_launcher(check, num_processes=2)
     """
     _check_counts(num_processes, 1, 0)
     spec = _spec("no", cpu=True)
-    if num_processes == 1:
-        _run_here(function, args, spec)
+    if num_processes == 1:  # runs right here (`launch.run`)
+        _launch(LaunchPlan(target=_name(function), spec=spec, function=function, function_args=tuple(args)))
         return None
     _launch(LaunchPlan(
         target=_name(function), num_processes=num_processes, main_process_ip="127.0.0.1",
@@ -250,30 +255,12 @@ def _refuse_unsafe_fork() -> None:
 
 
 # -- running ------------------------------------------------------------------------------------
-def _run_here(function: Callable[..., Any], args: Sequence[Any], spec: LaunchSpec) -> None:
-    """One process: run the function in this one, with the launch spec in the environment.
-
-    Only the spec's variable is put back afterwards; whatever else the
-    function sets in os.environ stays, as it would without a launcher.
-    """
-    (name, value), = spec.to_env().items()
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        function(*args)
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
-
-
 def _name(function: Callable[..., Any]) -> str:
     return getattr(function, "__qualname__", type(function).__name__)
 
 
 def _launch(plan: LaunchPlan) -> None:
-    """Start the workers through the launch path of `hasten launch`, wait, and raise the root cause of a failure."""
+    """Run the plan through the launch path of `hasten launch`, wait, and raise the root cause of a failure."""
     from .run import launch
 
     outcome = launch(plan)

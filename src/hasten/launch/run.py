@@ -6,9 +6,11 @@ progress file, the preemption record; a SIGKILLed launcher's is removed by
 the next launch), the board directory of one machine's processes — then
 starts the processes: in this process for one rank, through mpirun, or
 through torch's elastic agent, restarting the group on one machine only
-after an attempt that made progress. It returns an `Outcome`; each front
-presents it in its own way (`execute`: lines and an exit code for the
-shell; `notebook_launcher`: an exception for the caller).
+after an attempt that made progress. A `notebook_launcher` plan of one
+process is the exception: its function is simply called here, with the
+launch spec set, as Accelerate calls it without any launch. It returns an
+`Outcome`; each front presents it in its own way (`execute`: lines and an
+exit code for the shell; `notebook_launcher`: an exception for the caller).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..checkpointing.preemption import read_preemption_record
-from ..launch_spec import BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, HEARTBEAT_DIR_ENV, PREEMPTION_RECORD_ENV, PROGRESS_FILE_ENV
+from ..environment import restored_environment
+from ..launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, HEARTBEAT_DIR_ENV, PREEMPTION_RECORD_ENV,
+                           PROGRESS_FILE_ENV, LaunchSpec)
 from .failures import all_failures, failure_summary
 from .leftovers import empty, owned_directory, shared_directory
 from .liveness import Monitor
@@ -101,7 +105,15 @@ def execute(plan: LaunchPlan) -> int:
 
 
 def launch(plan: LaunchPlan) -> Outcome:
-    """Carry out `plan` (see the module doc); this process's environment, signal handlers and log levels are put back."""
+    """Carry out `plan` (see the module doc); this process's environment, signal handlers and log levels are put back.
+
+    Example:
+        >>> launch(LaunchPlan(target="print", function=print, function_args=("in this process",)))
+        in this process
+        Outcome(code=0, failures={}, reported={}, preempted=None, signum=None, restarts_declined=False)
+    """
+    if plan.function is not None and plan.mode == "single":
+        return _call_here(plan.function, plan.function_args, plan.spec)
     with _patched_environ(plan.worker_env()), _restored_signal_handlers():
         for inherited in (BOARD_DIR_ENV, HEARTBEAT_DIR_ENV):  # a launch inside a launched process: its own or none
             os.environ.pop(inherited, None)
@@ -124,6 +136,25 @@ def launch(plan: LaunchPlan) -> Outcome:
                 return _run_elastic(plan, run_dir, record, board_dir)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _call_here(function: Callable[..., Any], args: tuple[Any, ...], spec: LaunchSpec) -> Outcome:
+    """A function plan of one process: call it in this process; its exceptions reach the caller unchanged.
+
+    Only the spec's variable is set, and put back afterwards; whatever else
+    the function sets in os.environ stays, as it would without a launcher.
+    """
+    (name, value), = spec.to_env().items()
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        function(*args)
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+    return Outcome()
 
 
 def _preempted_or(code: int, record: str, **more: Any) -> Outcome:
@@ -268,13 +299,9 @@ def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
 
     The elastic agent also writes to os.environ (TORCHELASTIC_*); those go too.
     """
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
+    with restored_environment():
+        os.environ.update(values)
         yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @contextlib.contextmanager

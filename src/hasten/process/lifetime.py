@@ -14,6 +14,8 @@ import signal
 import sys
 from typing import Any
 
+from ..launch_spec import EXIT_FAILED
+
 __all__ = ["parent_death_signal_available", "arm_parent_death_signal", "die_with_launcher"]
 
 PR_SET_PDEATHSIG = 1
@@ -50,7 +52,7 @@ def arm_parent_death_signal(expected_parent: int) -> None:
     if os.getppid() != expected_parent:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(EXIT_FAILED)
 
 
 def die_with_launcher() -> None:

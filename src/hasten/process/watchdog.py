@@ -59,6 +59,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from ..errors import CollectiveDeadlock, CollectiveTimeout
+from ..launch_spec import watchdog_enabled
 
 __all__ = ["waiting", "enter", "leave", "here", "start", "running", "positions", "published", "call_site", "user_site",
            "set_progress", "local_progress", "progress_of", "mark_left", "leave_together", "CollectiveDeadlock",
@@ -342,7 +343,7 @@ class _Looker:
 def start(store: Any, rank: int, world_size: int) -> threading.Thread | None:
     """Start this process's watchdog thread (once per process; needs the process group's store)."""
     global _store, _world_size, _rank, _paths
-    if store is None or world_size < 2 or os.environ.get("HASTEN_WATCHDOG", "1") == "0":
+    if store is None or world_size < 2 or not watchdog_enabled():
         return None
     _paths = _Paths()
     _store, _world_size, _rank = store, world_size, rank

@@ -63,7 +63,7 @@ class AcceleratedScheduler:
         >>> param = torch.nn.Parameter(torch.ones(1))
         >>> opt = torch.optim.SGD([param], lr=1.0)
         >>> sched = AcceleratedScheduler(torch.optim.lr_scheduler.StepLR(opt, 1, 0.5), [], num_processes=2)
-        >>> sched.step(); sched.get_last_lr()  # two processes: two steps of the schedule per optimizer step
+        >>> opt.step(); sched.step(); sched.get_last_lr()  # two processes: two steps of the schedule per optimizer step
         [0.25]
     """
 

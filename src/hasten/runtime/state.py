@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from ..launch_spec import LaunchSpec
+from ..launch_spec import LaunchSpec, debug_requested
 from ..process import watchdog
 from ..process.group import (
     DEFAULT_TIMEOUT,
@@ -56,7 +56,7 @@ class PartialState:
     ) -> None:
         spec = LaunchSpec.current()
         self.cpu = spec.cpu if cpu is None else cpu
-        self.debug = spec.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
+        self.debug = debug_requested()
         if dist.is_available() and dist.is_initialized():
             self.topology = topology_from_group()
             self.backend: str | None = dist.get_backend()

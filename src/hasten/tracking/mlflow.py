@@ -21,7 +21,9 @@ class MLflowTracker(GeneralTracker):
     deprecated). ``MLFLOW_EXPERIMENT_NAME`` / ``MLFLOW_RUN_ID`` are honoured.
 
     Example:
-        >>> tracker = MLflowTracker("my-experiment", logging_dir="runs")  # doctest: +SKIP
+        >>> tracker = MLflowTracker("my-experiment", logging_dir="runs")
+        >>> tracker.log({"loss": 0.5}, step=0)
+        >>> tracker.finish()
     """
 
     name = "mlflow"

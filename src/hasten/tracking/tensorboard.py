@@ -26,8 +26,9 @@ class TensorBoardTracker(GeneralTracker):
     """Event files under ``<logging_dir>/<run_name>``; scalars, text, and the config as hparams.
 
     Example:
-        >>> import tempfile
-        >>> tracker = TensorBoardTracker("run", tempfile.mkdtemp())  # doctest: +SKIP
+        >>> tracker = TensorBoardTracker("run", "runs")
+        >>> tracker.log({"loss": 0.5}, step=0)
+        >>> tracker.finish()
     """
 
     name = "tensorboard"

@@ -13,7 +13,9 @@ class WandBTracker(GeneralTracker):
     """``wandb.init(project=run_name, **kwargs)``; the config goes to ``run.config``.
 
     Example:
-        >>> tracker = WandBTracker("my-project", mode="offline")  # doctest: +SKIP
+        >>> tracker = WandBTracker("my-project", mode="offline")
+        >>> tracker.log({"loss": 0.5}, step=0)
+        >>> tracker.finish()
     """
 
     name = "wandb"

@@ -4,8 +4,8 @@
 Example:
     >>> import os
     >>> from hasten.utils.environment import patch_environment
-    >>> with patch_environment(hasten_example="1"):
-    ...     os.environ["HASTEN_EXAMPLE"]
+    >>> with patch_environment(my_setting="1"):
+    ...     os.environ["MY_SETTING"]
     '1'
 """
 

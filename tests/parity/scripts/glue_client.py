@@ -47,7 +47,8 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 # The repository's examples/data (the test harness names it when it runs a rewritten copy from elsewhere).
-DATA = Path(os.environ.get("PARITY_EXAMPLES_DATA", Path(__file__).resolve().parents[3] / "examples" / "data"))
+# the fallback only when the variable is unset: a copy of this script may sit too shallow for parents[3]
+DATA = Path(os.environ.get("PARITY_EXAMPLES_DATA") or Path(__file__).resolve().parents[3] / "examples" / "data")
 
 
 def parse_args(argv=None):

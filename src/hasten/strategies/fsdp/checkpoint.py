@@ -211,7 +211,10 @@ def merge_fsdp_weights(checkpoint_dir: str | Path, output_path: str | Path, safe
     one process, without a process group. Returns the written file.
 
     Example:
-        >>> merge_fsdp_weights("ckpt/checkpoint_3", "merged")  # doctest: +SKIP
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> save_fsdp_model(plugin, processes, nn.Linear(4, 2), "ckpt/checkpoint_3")
+        >>> merge_fsdp_weights("ckpt/checkpoint_3", "merged")
         PosixPath('merged/model.safetensors')
     """
     from torch.distributed.checkpoint import FileSystemReader
@@ -271,7 +274,11 @@ def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
     """Save an FSDP model: one full file from the main process, or a sharded DCP directory written by every process.
 
     Example:
-        >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "out")  # doctest: +SKIP
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> save_fsdp_model(plugin, processes, nn.Linear(4, 2), "out")
+        >>> sorted(path.name for path in Path("out").iterdir())
+        ['pytorch_model_fsdp_0']
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -294,7 +301,13 @@ def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
     """Load what `save_fsdp_model` wrote into the prepared (sharded) model.
 
     Example:
-        >>> load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "out")  # doctest: +SKIP
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> model, copy = nn.Linear(4, 2), nn.Linear(4, 2)
+        >>> save_fsdp_model(plugin, processes, model, "out")
+        >>> load_fsdp_model(plugin, processes, copy, "out")
+        >>> torch.equal(copy.weight, model.weight)
+        True
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -316,7 +329,13 @@ def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
     """Save an FSDP optimizer's state, full (main process) or sharded (every process).
 
     Example:
-        >>> save_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "out")  # doctest: +SKIP
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> model = nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> save_fsdp_optimizer(plugin, processes, optimizer, model, "out")
+        >>> sorted(path.name for path in Path("out").iterdir())
+        ['optimizer_0']
     """
     import torch.distributed.checkpoint as dcp
 
@@ -338,7 +357,14 @@ def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
     """Load what `save_fsdp_optimizer` wrote into the prepared optimizer.
 
     Example:
-        >>> load_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "out")  # doctest: +SKIP
+        >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
+        >>> plugin, processes = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"), PartialState(cpu=True)
+        >>> model = nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> save_fsdp_optimizer(plugin, processes, optimizer, model, "out")
+        >>> load_fsdp_optimizer(plugin, processes, optimizer, model, "out")
+        >>> optimizer.param_groups[0]["lr"]
+        0.1
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict

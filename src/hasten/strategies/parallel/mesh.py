@@ -196,9 +196,13 @@ class ParallelismConfig:
         the group batches differ over and ``mesh["tp"]`` the tensor-parallel group.
 
         Example:
-            >>> # 4 processes, after PartialState()/Accelerator() created the process group:
-            >>> # mesh = ParallelismConfig(dp_shard_size=2, tp_size=2).build_device_mesh("cpu")
-            >>> # mesh.mesh_dim_names == ("dp_shard", "tp"); mesh["dp"].size() == 2
+            >>> import hasten
+            >>> def build():  # in each of 4 processes
+            ...     hasten.PartialState(cpu=True)  # creates the process group
+            ...     config = ParallelismConfig(dp_shard_size=2, tp_size=2)
+            ...     mesh = config.build_device_mesh("cpu")
+            ...     assert mesh.mesh_dim_names == ("dp_shard", "tp") and config.submesh("dp").size() == 2
+            >>> hasten.debug_launcher(build, num_processes=4)
         """
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -226,7 +230,14 @@ class ParallelismConfig:
         Prefer it to ``mesh["dp"]``: torch is deprecating slicing flattened dims from the root mesh.
 
         Example:
-            >>> # tp_mesh = config.submesh("tp"); dp_mesh = config.submesh("dp")
+            >>> import hasten
+            >>> def meshes():  # in each of 2 processes
+            ...     hasten.PartialState(cpu=True)
+            ...     config = ParallelismConfig(tp_size=2)
+            ...     config.build_device_mesh("cpu")
+            ...     tp_mesh = config.submesh("tp")
+            ...     assert tp_mesh.size() == 2 and tp_mesh.mesh_dim_names == ("tp",)
+            >>> hasten.debug_launcher(meshes, num_processes=2)
         """
         mesh = self.get_device_mesh()
         if name in self.flattened_meshes:
@@ -240,7 +251,13 @@ class ParallelismConfig:
         """The mesh built by :meth:`build_device_mesh` (built now when `device_type` is given).
 
         Example:
-            >>> # mesh = config.get_device_mesh("cpu")
+            >>> import hasten
+            >>> def mesh():  # in each of 2 processes
+            ...     hasten.PartialState(cpu=True)
+            ...     config = ParallelismConfig(dp_shard_size=2)
+            ...     built = config.get_device_mesh("cpu")  # builds it
+            ...     assert config.get_device_mesh() is built and built.mesh_dim_names == ("dp_shard",)
+            >>> hasten.debug_launcher(mesh, num_processes=2)
         """
         if self.device_mesh is None:
             if device_type is None:

@@ -14,10 +14,17 @@ no data-dependent Python control flow) and cut it *before* each split point
 module. Every process builds the whole model first and keeps only its stage.
 
 Example:
-    >>> # 2 processes, after hasten.PartialState(cpu=True):
-    >>> # trainer = prepare_pipeline_training(model, ["layers.2"], example_args=(x,), loss_fn=mse_loss)
-    >>> # optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
-    >>> # loss = trainer.step(x, target=y); optimizer.step(); optimizer.zero_grad()
+    >>> import hasten
+    >>> def train():  # in each of 2 processes: one stage each
+    ...     hasten.PartialState(cpu=True)  # creates the process group
+    ...     torch.manual_seed(0)
+    ...     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    ...     x, y = torch.randn(8, 4), torch.randn(8, 1)
+    ...     trainer = prepare_pipeline_training(model, ["2"], example_args=(x,), loss_fn=torch.nn.functional.mse_loss)
+    ...     optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
+    ...     loss = trainer.step(x, target=y); optimizer.step(); optimizer.zero_grad()
+    ...     assert loss.item() > 0  # the batch's mean loss, in every process
+    >>> hasten.debug_launcher(train, num_processes=2)
 """
 
 from __future__ import annotations
@@ -256,10 +263,18 @@ def prepare_pippy(model: torch.nn.Module, split_points: str | Sequence[str] = "a
     original forward stays at ``model._original_forward``.
 
     Example:
-        >>> # hasten.PartialState(cpu=True)                        # 2 processes
-        >>> # model = prepare_pippy(model, example_args=(torch.randn(8, 16),), gather_output=True)
-        >>> # with torch.no_grad():
-        >>> #     out = model(batch)                              # the whole output, in every process
+        >>> import hasten
+        >>> def infer():  # in each of 2 processes
+        ...     hasten.PartialState(cpu=True)
+        ...     torch.manual_seed(0)
+        ...     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        ...     batch = torch.randn(8, 16)
+        ...     expected = model(batch)
+        ...     model = prepare_pippy(model, example_args=(torch.randn(8, 16),), gather_output=True)
+        ...     with torch.no_grad():
+        ...         out = model(batch)  # the whole output, in every process
+        ...     assert torch.allclose(out, expected, atol=1e-6)
+        >>> hasten.debug_launcher(infer, num_processes=2)
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         setattr(model, "hf_split_points", [])  # one process: nothing to split, forward stays as it is
@@ -309,10 +324,18 @@ class PipelineTrainer:
     accumulate until the optimizer zeroes them.
 
     Example:
-        >>> # trainer = prepare_pipeline_training(model, "auto", example_args=(x,), loss_fn=mse_loss)
-        >>> # optimizer = torch.optim.AdamW(trainer.parameters())
-        >>> # for x, y in loader:
-        >>> #     loss = trainer.step(x, target=y); optimizer.step(); optimizer.zero_grad()
+        >>> import hasten
+        >>> def train():  # in each of 2 processes
+        ...     hasten.PartialState(cpu=True)
+        ...     torch.manual_seed(0)
+        ...     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        ...     loader = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(3)]
+        ...     trainer = prepare_pipeline_training(model, "auto", example_args=(loader[0][0],),
+        ...                                         loss_fn=torch.nn.functional.mse_loss)
+        ...     optimizer = torch.optim.AdamW(trainer.parameters())
+        ...     for x, y in loader:
+        ...         loss = trainer.step(x, target=y); optimizer.step(); optimizer.zero_grad()
+        >>> hasten.debug_launcher(train, num_processes=2)
     """
 
     def __init__(self, schedule: Any, stage: Any, split_points: list[str], num_chunks: int, batch_size: int) -> None:
@@ -341,7 +364,14 @@ class PipelineTrainer:
         """This stage's parameters (give them to the optimizer).
 
         Example:
-            >>> # optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
+            >>> import hasten
+            >>> def stage_parameters():  # in each of 2 processes
+            ...     hasten.PartialState(cpu=True)
+            ...     model, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)), torch.randn(4, 4)
+            ...     trainer = prepare_pipeline_training(model, ["1"], example_args=(x,), loss_fn=torch.nn.functional.mse_loss)
+            ...     optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
+            ...     assert len(optimizer.param_groups[0]["params"]) == 2  # this stage's weight and bias
+            >>> hasten.debug_launcher(stage_parameters, num_processes=2)
         """
         return self.stage_module.parameters()
 
@@ -349,7 +379,14 @@ class PipelineTrainer:
         """This stage's parameters under the full model's names (``"layers.3.weight"``).
 
         Example:
-            >>> # grads = {name: p.grad for name, p in trainer.named_parameters()}
+            >>> import hasten
+            >>> def names():  # in each of 2 processes
+            ...     hasten.PartialState(cpu=True)
+            ...     model, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)), torch.randn(4, 4)
+            ...     trainer = prepare_pipeline_training(model, ["1"], example_args=(x,), loss_fn=torch.nn.functional.mse_loss)
+            ...     grads = {name: p.grad for name, p in trainer.named_parameters()}
+            ...     assert sorted(grads) == (["0.bias", "0.weight"] if trainer.is_first_stage else ["1.bias", "1.weight"])
+            >>> hasten.debug_launcher(names, num_processes=2)
         """
         return self.stage_module.named_parameters()
 
@@ -361,7 +398,18 @@ class PipelineTrainer:
         size must be the example's.
 
         Example:
-            >>> # loss = trainer.step(inputs, target=labels)
+            >>> import hasten
+            >>> def one_step():  # in each of 2 processes
+            ...     hasten.PartialState(cpu=True)
+            ...     torch.manual_seed(0)
+            ...     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+            ...     inputs, labels = torch.randn(4, 4), torch.randn(4, 1)
+            ...     expected = torch.nn.functional.mse_loss(model(inputs), labels)
+            ...     trainer = prepare_pipeline_training(model, ["1"], example_args=(inputs,),
+            ...                                         loss_fn=torch.nn.functional.mse_loss)
+            ...     loss = trainer.step(inputs, target=labels)
+            ...     assert torch.allclose(loss, expected)  # the mean loss of the unsplit model
+            >>> hasten.debug_launcher(one_step, num_processes=2)
         """
         if self.stage.is_first:
             batch = _batch_size(args, kwargs)
@@ -403,11 +451,17 @@ def prepare_pipeline_training(model: torch.nn.Module, split_points: str | Sequen
         no_split_module_classes: class names ``"auto"`` must keep inside one stage.
 
     Example:
-        >>> # hasten.PartialState(cpu=True)                        # 2 processes
-        >>> # trainer = prepare_pipeline_training(model, ["2"], example_args=(x,),
-        >>> #                                     loss_fn=torch.nn.functional.mse_loss, schedule="1f1b")
-        >>> # optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
-        >>> # loss = trainer.step(x, target=y); optimizer.step(); optimizer.zero_grad()
+        >>> import hasten
+        >>> def train():  # in each of 2 processes
+        ...     hasten.PartialState(cpu=True)
+        ...     torch.manual_seed(0)
+        ...     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        ...     x, y = torch.randn(8, 4), torch.randn(8, 1)
+        ...     trainer = prepare_pipeline_training(model, ["2"], example_args=(x,),
+        ...                                         loss_fn=torch.nn.functional.mse_loss, schedule="1f1b")
+        ...     optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
+        ...     loss = trainer.step(x, target=y); optimizer.step(); optimizer.zero_grad()
+        >>> hasten.debug_launcher(train, num_processes=2)
     """
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 

@@ -8,9 +8,15 @@ transformers uses in ``tp_plan`` / ``config.base_model_tp_plan``
 to concrete module names and hands them to ``parallelize_module``.
 
 Example:
-    >>> # in each of 2 processes, after hasten.PartialState() created the process group:
-    >>> # from torch.distributed.device_mesh import init_device_mesh
-    >>> # mlp = apply_tensor_parallel(mlp, init_device_mesh("cpu", (2,)), {"up": "colwise", "down": "rowwise"})
+    >>> import hasten
+    >>> def shard():  # in each of 2 processes
+    ...     from torch.distributed.device_mesh import init_device_mesh
+    ...     hasten.PartialState(cpu=True)  # creates the process group
+    ...     torch.manual_seed(0)
+    ...     mlp = torch.nn.ModuleDict({"up": torch.nn.Linear(8, 32), "down": torch.nn.Linear(32, 8)})
+    ...     apply_tensor_parallel(mlp, init_device_mesh("cpu", (2,)), {"up": "colwise", "down": "rowwise"})
+    ...     assert mlp["up"].weight.to_local().shape == (16, 8)  # half of the 32 rows in each process
+    >>> hasten.debug_launcher(shard, num_processes=2)
 """
 
 from __future__ import annotations
@@ -139,11 +145,18 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh,
     this call.
 
     Example:
-        >>> # import hasten; from torch.distributed.device_mesh import init_device_mesh
-        >>> # hasten.PartialState(cpu=True)                      # 2 processes
-        >>> # mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
-        >>> # apply_tensor_parallel(mlp, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)),
-        >>> #                       {"0": "colwise", "2": "rowwise"})
+        >>> import hasten
+        >>> def shard():  # in each of 2 processes
+        ...     from torch.distributed.device_mesh import init_device_mesh
+        ...     hasten.PartialState(cpu=True)
+        ...     torch.manual_seed(0)
+        ...     mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+        ...     x = torch.randn(4, 8)
+        ...     expected = mlp(x)
+        ...     apply_tensor_parallel(mlp, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)),
+        ...                           {"0": "colwise", "2": "rowwise"})
+        ...     assert torch.allclose(mlp(x), expected, atol=1e-6)  # same output, half the weights each
+        >>> hasten.debug_launcher(shard, num_processes=2)
     """
     from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
