@@ -13,6 +13,7 @@ import torch
 from conftest import launch
 
 from hasten import Accelerator
+from hasten.gradient_state import GradientState
 from hasten.checkpointing import background
 from hasten.checkpointing.commit import CheckpointError
 from hasten.checkpointing.project import ProjectConfiguration
@@ -36,6 +37,7 @@ def _same_checkpoint(a: Path, b: Path) -> None:
 
 @pytest.fixture
 def accelerator_and_model():
+    GradientState._reset_state()  # an earlier test may have left the shared accumulation state mid-cycle
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(32, 32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -54,7 +56,9 @@ def test_async_save_writes_the_bytes_of_a_synchronous_save(tmp_path, accelerator
     _step(model, optimizer)
     accelerator.save_state(tmp_path / "sync")
     handle = accelerator.save_state(tmp_path / "async", async_save=True)
-    _step(model, optimizer)  # the copy was taken: training on does not change what is written
+    with torch.no_grad():  # the copy was taken: changing the live weights now does not change what is written
+        for parameter in model.parameters():
+            parameter.add_(1.0)
     assert isinstance(handle, str) and handle.wait() == str(tmp_path / "async") and handle.done()
     _same_checkpoint(tmp_path / "sync", tmp_path / "async")
     before = {k: v.clone() for k, v in model.state_dict().items()}

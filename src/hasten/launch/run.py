@@ -108,9 +108,9 @@ def launch(plan: LaunchPlan) -> Outcome:
     """Carry out `plan` (see the module doc); this process's environment, signal handlers and log levels are put back.
 
     Example:
-        >>> launch(LaunchPlan(target="print", function=print, function_args=("in this process",)))
+        >>> launch(LaunchPlan(target="print", function=print, function_args=("in this process",))).code
         in this process
-        Outcome(code=0, failures={}, reported={}, preempted=None, signum=None, restarts_declined=False)
+        0
     """
     if plan.function is not None and plan.mode == "single":
         return _call_here(plan.function, plan.function_args, plan.spec)
