@@ -110,7 +110,7 @@ def launch(plan: LaunchPlan) -> Outcome:
     Example:
         >>> launch(LaunchPlan(target="print", function=print, function_args=("in this process",)))
         in this process
-        Outcome(code=0, failures={}, reported={}, preempted=None, signum=None, restarts_declined=False)
+        Outcome(code=0, failures={}, reported={}, preempted=None, signum=None, restarts_declined=False, unresponsive=None, frozen=())
     """
     if plan.function is not None and plan.mode == "single":
         return _call_here(plan.function, plan.function_args, plan.spec)
