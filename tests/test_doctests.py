@@ -27,8 +27,9 @@ import pytest
 
 import hasten
 
-# `hasten/__main__.py` runs the command line when imported; it has no docstring examples of its own.
-NOT_IMPORTED = {"hasten.__main__"}
+# `hasten/__main__.py` runs the command line when imported, `hasten.as_accelerate` turns the accelerate switch on;
+# neither has docstring examples to run here.
+NOT_IMPORTED = {"hasten.__main__", "hasten.as_accelerate"}  # as_accelerate switches the importing process
 STARTS_PROCESSES = re.compile(r"\b(notebook_launcher|debug_launcher)\(")
 # the trackers' examples need their (optional) package; without it the tracker raises hasten's ImportError
 NEEDS = {"hasten.tracking.mlflow": "mlflow", "hasten.tracking.tensorboard": "tensorboard", "hasten.tracking.wandb": "wandb"}

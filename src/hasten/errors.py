@@ -34,6 +34,7 @@ __all__ = [
     "CollectiveOrderMismatch",
     "CollectiveDeadlock",
     "CollectiveTimeout",
+    "AccelerateSwitchError",
 ]
 
 
@@ -156,5 +157,14 @@ class CollectiveTimeout(HastenError, RuntimeError):
 
     Example:
         >>> issubclass(CollectiveTimeout, RuntimeError)
+        True
+    """
+
+
+class AccelerateSwitchError(HastenError, ImportError):
+    """hasten's accelerate switch cannot serve an import: the real package came first, or hasten lacks the module.
+
+    Example:
+        >>> issubclass(AccelerateSwitchError, ImportError)
         True
     """

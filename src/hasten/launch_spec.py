@@ -24,7 +24,7 @@ from typing import Mapping
 
 __all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
            "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
-           "INIT_INCLUDE_BUFFERS_ENV", "PEER_INIT_INCLUDE_BUFFERS_ENV", "CONFIG_FILE_ENV", "NO_ARROW_MENU_ENV",
+           "INIT_INCLUDE_BUFFERS_ENV", "PEER_INIT_INCLUDE_BUFFERS_ENV", "CONFIG_FILE_ENV", "NO_ARROW_MENU_ENV", "AS_ACCELERATE_ENV",
            "RESTART_COUNT_VAR", "MAX_RESTARTS_VAR", "EXIT_PREEMPTED", "EXIT_FAILED", "EXIT_INTERRUPTED",
            "MIXED_PRECISION_CHOICES", "fp8_problem", "debug_requested", "watchdog_enabled", "cpu_fp16_enabled",
            "log_level_from_env"]
@@ -43,6 +43,7 @@ LOG_LEVEL_ENV = "HASTEN_LOG_LEVEL"  # level of `get_logger` loggers given none
 PEER_LOG_LEVEL_ENV = "ACCELERATE_LOG_LEVEL"  # the peer's name for it, read after ours
 INIT_INCLUDE_BUFFERS_ENV = "HASTEN_INIT_INCLUDE_BUFFERS"  # a true flag: `init_empty_weights` puts buffers on meta too
 PEER_INIT_INCLUDE_BUFFERS_ENV = "ACCELERATE_INIT_INCLUDE_BUFFERS"  # the peer's name for it
+AS_ACCELERATE_ENV = "HASTEN_AS_ACCELERATE"  # "1": `import accelerate` gets hasten (`hasten.aliasing`; set by the switch)
 # -- settings of hasten's commands (never read inside a launched process)
 CONFIG_FILE_ENV = "HASTEN_CONFIG_FILE"  # the config file of `hasten launch` / `hasten config`
 NO_ARROW_MENU_ENV = "HASTEN_NO_ARROW_MENU"  # any value but "" or "0": `hasten config` asks with numbered lists

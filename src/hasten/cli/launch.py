@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import Any
 
+from ..launch_spec import AS_ACCELERATE_ENV
 from ..config import (
     ConfigError,
     DeepSpeedConfig,
@@ -94,6 +96,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     other = parser.add_argument_group("output")
     other.add_argument("--dry_run", "--dry-run", action="store_true", help="print the command and launch spec, start nothing")
     other.add_argument("-q", "--quiet", action="store_true", help="only the script's own output and errors")
+    parser.add_argument("--as_accelerate", "--as-accelerate", action="store_true",
+                        help="every `import accelerate` in the processes gets hasten (transformers' Trainer, TRL, "
+                             "PEFT, diffusers run on hasten unchanged); also on with HASTEN_AS_ACCELERATE=1")
     parser.add_argument("-m", "--module", action="store_true", help="treat SCRIPT as a Python module name")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="arguments passed to the script")
@@ -225,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan.describe())
         return 0
+    if args.as_accelerate or os.environ.get(AS_ACCELERATE_ENV) == "1":
+        from ..aliasing import install
+
+        install()  # here first: a single process runs the script in this one; the workers inherit PYTHONPATH
     from ..launch.run import execute
 
     return execute(plan)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from ..config import DEFAULT_LIVENESS_TIMEOUT, ConfigError, check_layout
 from ..errors import LaunchError
-from ..launch_spec import HEARTBEAT_DIR_ENV, LaunchSpec
+from ..launch_spec import AS_ACCELERATE_ENV, HEARTBEAT_DIR_ENV, LaunchSpec
 from .network import interface_for_address, is_loopback
 
 __all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "available_cpus"]
@@ -183,7 +183,8 @@ class LaunchPlan:
             argv.append("--oversubscribe")
         # set by the launch itself; ranks on other hosts could not write into this machine's directory
         heartbeats = (HEARTBEAT_DIR_ENV,) if HEARTBEAT_DIR_ENV in os.environ and not self.mpirun_hostfile else ()
-        for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env(), *heartbeats):
+        switch = ("PYTHONPATH", AS_ACCELERATE_ENV) if os.environ.get(AS_ACCELERATE_ENV) == "1" else ()
+        for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env(), *heartbeats, *switch):
             argv += ["-x", name]
         return argv + [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
 

@@ -26,7 +26,8 @@ import signal
 import sys
 from typing import Any, Callable
 
-from ..launch_spec import EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
+from ..aliasing import install as install_accelerate_switch
+from ..launch_spec import AS_ACCELERATE_ENV, EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
 from ..process.exit import exit_cleanly, exit_now, hide_frames_of, rank_label, record_failure
 from ..process import board, heartbeat
 from ..process.group import leave_process_group
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
         return 2
     target, args = argv[0], argv[1:]
     export_peer_environment()
+    if os.environ.get(AS_ACCELERATE_ENV) == "1":  # `hasten launch --as-accelerate`: before the script imports anything
+        install_accelerate_switch()
     try:
         run_target(target, args, module=module)
     except SystemExit as stop:

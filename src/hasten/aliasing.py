@@ -1,0 +1,181 @@
+"""The accelerate switch: every ``import accelerate`` in a process, and in the processes it starts, gets hasten.
+
+Libraries built on Accelerate (transformers' `Trainer`, TRL, PEFT,
+diffusers) import it by name. With the switch on they get hasten without a
+line of theirs changed, and the real `accelerate` package is never imported
+(it need not be installed). Two pieces do it:
+
+- an import finder, first on `sys.meta_path`, that answers
+  ``accelerate`` and ``accelerate.X.Y`` with the module object
+  ``hasten.X.Y`` itself (hasten keeps Accelerate's module layout, so one
+  object serves both names and `isinstance` checks agree), and
+- a small directory put first on `sys.path` and on ``PYTHONPATH``, holding
+  an ``accelerate`` package that turns the switch on in any process that
+  imports it (a launched worker, a data-loader worker, a subprocess) and
+  an ``accelerate-1.15.0.dist-info`` so that
+  ``importlib.metadata.version("accelerate")`` answers the version of
+  Accelerate whose behaviour hasten implements, **1.15.0** (as
+  ``accelerate.__version__`` does).
+
+`import hasten.as_accelerate` turns it on in a script or notebook;
+``hasten launch --as-accelerate`` (or ``HASTEN_AS_ACCELERATE=1`` in the
+launcher's environment) turns it on in every process of a run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Sequence
+
+from .errors import AccelerateSwitchError
+from .launch_spec import AS_ACCELERATE_ENV
+
+__all__ = ["ACCELERATE_VERSION", "SITE_DIRECTORY", "install", "installed", "uninstall", "AccelerateSwitchError"]
+
+ACCELERATE_VERSION = "1.15.0"  # the Accelerate release whose behaviour hasten implements (and reports)
+SITE_DIRECTORY = str(Path(__file__).with_name("_accelerate_site"))
+
+# Accelerate modules that live under another name in hasten; every other `accelerate.X` is `hasten.X`.
+_RENAMED = {"accelerate.commands": "hasten.cli", "accelerate.commands.config": "hasten.cli.config_command",
+            "accelerate.commands.launch": "hasten.cli.launch", "accelerate.commands.accelerate_cli": "hasten.cli.main"}
+# Libraries that decide at import time whether Accelerate is there: imported before the switch, they may not see it.
+_CLIENTS = ("transformers", "trl", "peft", "diffusers")
+
+
+
+def _ours(module: ModuleType | None) -> bool:
+    """A module hasten serves under an accelerate name: hasten's own, or the switch's small package while it loads."""
+    if module is None or getattr(module, "__name__", "").startswith("hasten"):
+        return True
+    return str(getattr(module, "__file__", "") or "").startswith(SITE_DIRECTORY)
+
+
+def _target(name: str) -> str:
+    if name in _RENAMED:
+        return _RENAMED[name]
+    return "hasten" + name[len("accelerate"):]
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers ``accelerate[.X]`` with the already importable module ``hasten[.X]`` (the same object)."""
+
+    def __init__(self) -> None:
+        self._own_specs: dict[int, Any] = {}
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "accelerate" and not fullname.startswith("accelerate."):
+            return None
+        hasten_name = _target(fullname)
+        if importlib.util.find_spec(hasten_name) is None:
+            error = ModuleNotFoundError(
+                f"{fullname} is not provided by hasten (the accelerate switch serves Accelerate "
+                f"{ACCELERATE_VERSION}'s modules from hasten, and this one has no counterpart); "
+                "import what you need from the module that has it, or run without the switch.")
+            error.name = fullname
+            raise error
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(_target(spec.name))
+        self._own_specs[id(module)] = module.__spec__  # the import system overwrites it with the alias's
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__spec__ = self._own_specs.pop(id(module), module.__spec__)
+
+
+_finder: _Finder | None = None
+
+
+def installed() -> bool:
+    """Whether the accelerate switch is on in this process.
+
+    Example:
+        >>> installed()  # on only after `import hasten.as_accelerate` (or in a process launched with it)
+        False
+    """
+    return _finder is not None
+
+
+def install() -> None:
+    """Turn the accelerate switch on in this process and in every process it starts; does nothing if on.
+
+    Raises `AccelerateSwitchError` when the real ``accelerate`` was
+    imported already (two copies of Accelerate's state cannot agree), and
+    warns when transformers, TRL, PEFT or diffusers were imported first.
+
+    Example:
+        >>> install()  # doctest: +SKIP
+        >>> import accelerate, hasten
+        >>> accelerate is hasten  # doctest: +SKIP
+        True
+    """
+    global _finder
+    if _finder is not None:
+        return
+    hasten_module = sys.modules["hasten"]
+    real = sorted(name for name, module in list(sys.modules.items())
+                  if (name == "accelerate" or name.startswith("accelerate.")) and not _ours(module))
+    if real:
+        raise AccelerateSwitchError(
+            f"the real accelerate package was imported before the switch ({real[0]}); put "
+            "`import hasten.as_accelerate` first in the script, before any import of accelerate or a library using it.")
+    early = [name for name in _CLIENTS if name in sys.modules]
+    if early:
+        warnings.warn(f"{', '.join(early)} imported before hasten's accelerate switch and may not see Accelerate; "
+                      "put `import hasten.as_accelerate` before it.", stacklevel=3)
+    _finder = _Finder()
+    sys.meta_path.insert(0, _finder)
+    if SITE_DIRECTORY not in sys.path:
+        sys.path.insert(0, SITE_DIRECTORY)  # importlib.metadata finds the dist-info here first
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIRECTORY]
+    os.environ["PYTHONPATH"] = os.pathsep.join([SITE_DIRECTORY, *entries])
+    os.environ[AS_ACCELERATE_ENV] = "1"
+    sys.modules.setdefault("accelerate", hasten_module)
+    importlib.invalidate_caches()
+    _forget_cached_absence(early)
+
+
+def _forget_cached_absence(libraries: list[str]) -> None:
+    """Clear a library's cached "is Accelerate available" answer, computed before the switch (transformers caches it)."""
+    for name in libraries:
+        module = sys.modules.get(f"{name}.utils.import_utils")
+        check = getattr(module, "is_accelerate_available", None)
+        if check is not None and hasattr(check, "cache_clear"):
+            check.cache_clear()
+
+
+def uninstall() -> None:
+    """Turn the switch off in this process (tests use it); modules already imported keep what they imported.
+
+    Example:
+        >>> uninstall()  # nothing to do when the switch is off
+        >>> installed()
+        False
+    """
+    global _finder
+    if _finder is None:
+        return
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    _finder = None
+    while SITE_DIRECTORY in sys.path:
+        sys.path.remove(SITE_DIRECTORY)
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIRECTORY]
+    if entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join(entries)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+    os.environ.pop(AS_ACCELERATE_ENV, None)
+    for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
