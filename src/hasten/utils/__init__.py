@@ -102,6 +102,7 @@ from ..saving import load, save
 from ..strategies.deepspeed.config import HfDeepSpeedConfig
 from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
+from ..strategies.deepspeed.wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..strategies.parallel.mesh import ParallelismConfig
 from .fsdp_utils import load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model, save_fsdp_optimizer
@@ -236,6 +237,7 @@ __all__ = [
 # Engine plugins and helpers, and the big-model helpers (``accelerate.utils.modeling`` / ``.offload`` names).
 __all__ += sorted([
     "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig",
+    "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
     "ParallelismConfig", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer",
     "load_fsdp_optimizer",
     "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",

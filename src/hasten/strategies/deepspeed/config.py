@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from pathlib import Path
@@ -47,28 +48,43 @@ class HfDeepSpeedConfig:
         if isinstance(config_file_or_dict, dict):
             config = copy.deepcopy(config_file_or_dict)  # the caller's dict is never changed
         else:
-            path = Path(config_file_or_dict)
-            if not path.is_file():
-                raise FileNotFoundError(f"the DeepSpeed config file {path} does not exist; pass an existing JSON file or a dict.")
-            try:
-                config = json.loads(path.read_text())
-            except json.JSONDecodeError as error:
-                raise DeepSpeedConfigError(f"the DeepSpeed config file {path} is not valid JSON ({error}); fix the file.") from None
+            config = _read_config(config_file_or_dict)
         if not isinstance(config, dict):
             raise DeepSpeedConfigError("a DeepSpeed config must be a JSON object (a dict); fix the file.")
         self.config: dict[str, Any] = config
 
-    def _find(self, key: str) -> tuple[dict[str, Any] | None, str]:
+    def find_config_node(self, ds_key_long: str) -> tuple[dict[str, Any] | None, str]:
+        """The dict holding the last part of a dotted key, and that part (None when a parent is missing).
+
+        Example:
+            >>> HfDeepSpeedConfig({"zero_optimization": {"stage": 2}}).find_config_node("zero_optimization.stage")
+            ({'stage': 2}, 'stage')
+        """
         node: Any = self.config
-        *parents, last = key.split(".")
+        *parents, last = ds_key_long.split(".")
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
             if node is None:
                 return None, last
         return (node if isinstance(node, dict) else None), last
 
+    def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
+        """Remove a section (e.g. ``"optimizer"``); a missing one is fine unless `must_exist`.
+
+        Example:
+            >>> config = HfDeepSpeedConfig({"optimizer": {"type": "AdamW"}})
+            >>> config.del_config_sub_tree("optimizer"); config.config
+            {}
+        """
+        node, key = self.find_config_node(ds_key_long)
+        if node is None or key not in node:
+            if must_exist:
+                raise DeepSpeedConfigError(f"the DeepSpeed config has no {ds_key_long} entry to remove; check the key.")
+            return
+        del node[key]
+
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        node, key = self._find(ds_key_long)
+        node, key = self.find_config_node(ds_key_long)
         return default if node is None else node.get(key, default)
 
     def set_value(self, ds_key_long: str, value: Any) -> None:
@@ -82,7 +98,16 @@ class HfDeepSpeedConfig:
         return self.get_value(ds_key_long) == "auto"
 
     def is_true(self, ds_key_long: str) -> bool:
-        return str(self.get_value(ds_key_long, False)).lower() == "true"
+        """True only when the key is set to a true value (a missing key is neither true nor false)."""
+        value = self.get_value(ds_key_long)
+        return str(value).lower() == "true" if isinstance(value, str) else bool(value)
+
+    def is_false(self, ds_key_long: str) -> bool:
+        """True only when the key is set to a false value (a missing key is neither true nor false)."""
+        value = self.get_value(ds_key_long)
+        if value is None:
+            return False
+        return str(value).lower() == "false" if isinstance(value, str) else not bool(value)
 
     def zero_stage(self) -> int:
         stage = self.get_value("zero_optimization.stage", 0)
@@ -97,6 +122,26 @@ class HfDeepSpeedConfig:
     def is_offload(self) -> bool:
         return any(self.get_value(f"zero_optimization.{part}.device", "none") not in ("none", None)
                    for part in ("offload_optimizer", "offload_param"))
+
+
+def _read_config(source: str | Path) -> Any:
+    """A config from a JSON file, a JSON string or base64-encoded JSON (what Accelerate's launcher passes on)."""
+    path = Path(source)
+    text = str(source)
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise DeepSpeedConfigError(f"the DeepSpeed config file {path} is not valid JSON ({error}); fix the file.") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return json.loads(base64.urlsafe_b64decode(text).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise FileNotFoundError(f"the DeepSpeed config file {path} does not exist (nor is it JSON text); pass an "
+                                "existing JSON file or a dict.") from None
 
 
 def contains_auto(value: Any) -> bool:
