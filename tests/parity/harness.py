@@ -42,7 +42,7 @@ PEER = "accelerate"
 HASTEN = "hasten"
 # Seconds a run may take before its process group is killed: a few times what it needs here when it works,
 # below the parity tests' pytest timeout, so a hang costs one run's limit and leaves no process behind.
-CLIENT_TIMEOUTS = {"glue_client": 180, "diffusers_client": 90}
+CLIENT_TIMEOUTS = {"glue_client": 180, "diffusers_client": 90, "trainer_client": 180}
 STEP_FIELDS = ("idx", "rng", "loss", "lr", "sync", "eod", "norm", "skipped")
 
 
@@ -60,8 +60,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(lib: str, script: Path, nproc: int, args: Iterable[str]) -> list[str]:
-    """The command line a user would type: plain python on 1 process, the library's launcher on several."""
+def command(lib: str, script: Path, nproc: int, args: Iterable[str], switch: bool = False) -> list[str]:
+    """The command line a user would type: plain python on 1 process, the library's launcher on several.
+
+    ``switch``: a script that never imports accelerate itself (it uses a
+    library built on it); hasten runs it unchanged with ``hasten launch
+    --as-accelerate``, on 1 process too.
+    """
+    if lib == HASTEN and switch:
+        several = ["--num_processes", str(nproc), "--main_process_port", str(free_port())] if nproc > 1 else []
+        return [sys.executable, "-m", "hasten", "launch", "--as-accelerate", *several, str(script), *args]
     if nproc == 1:
         return [sys.executable, str(script), *args]
     port = str(free_port())
@@ -120,8 +128,12 @@ def _cache_dir() -> Path | None:
 
 
 def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str] = (), name: str = "",
-               timeout: float = 240, env: dict[str, str] | None = None, parent: "Run | None" = None) -> Run:
+               timeout: float = 240, env: dict[str, str] | None = None, parent: "Run | None" = None,
+               switch: bool = False) -> Run:
     """Run ``script`` (written for Accelerate) under ``lib`` on ``nproc`` processes; ``--out OUT`` is appended.
+
+    ``switch``: the script is run unchanged under hasten, through the
+    accelerate switch (see `command`), instead of with its imports rewritten.
 
     A peer run is cached (see the module doc). Paths in ``args`` under
     ``out.parent`` enter its key by their relative name; a run that reads
@@ -139,7 +151,7 @@ def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str
             run.returncode, run.output = 0, (cache / key / "output.txt").read_text()
             run.records = read_records(out)
             return run
-    if lib == HASTEN:
+    if lib == HASTEN and not switch:
         script = rewrite_file(script, out.parent / f"{out.name}_{script.name}")
     run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "OMP_NUM_THREADS": "1", "PARITY_EXAMPLES_DATA": str(EXAMPLES_DATA), **(env or {})}
@@ -148,7 +160,7 @@ def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str
     for name in ("ACCELERATE_MIXED_PRECISION", "HASTEN_CPU_FP16"):
         run_env.pop(name, None)
     try:
-        result = run_with_timeout(command(lib, script, nproc, args), timeout, run_env)
+        result = run_with_timeout(command(lib, script, nproc, args, switch), timeout, run_env)
     except pytest.fail.Exception as timed_out:  # kept, so every test using this run reports it (once started)
         run.failure, run.key = str(timed_out)[-4000:], ""
         run.records = read_records(out) if out.exists() else []
@@ -191,7 +203,7 @@ class Runs:
         return self.done[key]
 
     def script(self, name: str, lib: str, nproc: int, *args: str, timeout: float = 0, resume_from: str = "",
-               checkpoints_of: str | None = None) -> Run:
+               checkpoints_of: str | None = None, switch: bool = False) -> Run:
         """A client-style script of ``scripts/`` run once with ``args``.
 
         ``resume_from="checkpoint-N"`` runs it again with
@@ -205,14 +217,16 @@ class Runs:
         if key not in self.done:
             source = f"_from_{checkpoints_of}" if checkpoints_of not in (None, lib) else ""
             suffix = f"_resume_{resume_from}{source}" if resume_from else ""
-            out = self.root / f"{name}_{lib}_{nproc}p{suffix}"
+            # runs of one script with other arguments get folders of their own
+            tag = "" if args in ((), ("--cpu",)) else "_" + hashlib.sha1(" ".join(args).encode()).hexdigest()[:8]
+            out = self.root / f"{name}_{lib}_{nproc}p{tag}{suffix}"
             parent = None
             run_args = list(args)
             if resume_from:
-                parent = self.script(name, checkpoints_of, nproc, *args, timeout=timeout)
+                parent = self.script(name, checkpoints_of, nproc, *args, timeout=timeout, switch=switch)
                 run_args += ["--resume_from_checkpoint", resume_from, "--checkpoints", str(parent.out)]
             self.done[key] = run_script(lib, SCRIPTS / f"{name}.py", nproc, out, run_args, name=name + suffix,
-                                        timeout=timeout, parent=parent)
+                                        timeout=timeout, parent=parent, switch=switch)
         return self.done[key]
 
 
