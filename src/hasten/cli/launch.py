@@ -98,7 +98,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     other.add_argument("-q", "--quiet", action="store_true", help="only the script's own output and errors")
     parser.add_argument("--as_accelerate", "--as-accelerate", action="store_true",
                         help="every `import accelerate` in the processes gets hasten (transformers' Trainer, TRL, "
-                             "PEFT, diffusers run on hasten unchanged); also on with HASTEN_AS_ACCELERATE=1")
+                             f"PEFT, diffusers run on hasten unchanged); also on with {AS_ACCELERATE_ENV}=1")
     parser.add_argument("-m", "--module", action="store_true", help="treat SCRIPT as a Python module name")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="arguments passed to the script")
