@@ -1,7 +1,7 @@
-"""FSDP2 (SHARDED_STATE_DICT): save_state synchronously into OUT/sync and with async_save=True into OUT/async, take an
+"""FSDP2 (SHARDED_STATE_DICT, or FULL_STATE_DICT with --full): save_state synchronously into OUT/sync and with async_save=True into OUT/async, take an
 optimizer step right after the asynchronous call, then load each checkpoint back.
 
-Usage: fsdp_async.py OUT
+Usage: fsdp_async.py OUT [--full]
 
 The main process writes OUT/state.{saved,stepped,async,sync}.safetensors: the gathered parameters and AdamW state at
 the save, after the step taken while the asynchronous save wrote, and after loading OUT/async and OUT/sync. Every
@@ -41,7 +41,8 @@ def step(accelerator, model, optimizer) -> None:
 def main() -> None:
     out = Path(sys.argv[1])
     set_seed(0)
-    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"))
+    kind = "FULL_STATE_DICT" if "--full" in sys.argv else "SHARDED_STATE_DICT"
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(state_dict_type=kind))
     model = nn.Sequential(nn.Linear(16, 33), nn.Tanh(), nn.Linear(33, 3))  # 33: not divisible by 2 processes
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
