@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from conftest import launch
 
 from hasten import Accelerator
 from hasten.gradient_state import GradientState
-from hasten.checkpointing import background
+from hasten.checkpointing import background, snapshot
 from hasten.checkpointing.commit import CheckpointError
 from hasten.checkpointing.project import ProjectConfiguration
 
@@ -64,6 +65,68 @@ def test_async_save_writes_the_bytes_of_a_synchronous_save(tmp_path, accelerator
     before = {k: v.clone() for k, v in model.state_dict().items()}
     accelerator.load_state(tmp_path / "async")
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # really loaded the older state
+
+
+@pytest.fixture
+def slow_copy(monkeypatch):
+    """The writer thread starts copying the parameters 0.3 s late: whatever runs meanwhile would race it."""
+    finish = snapshot.Snapshot.finish
+
+    def late(self):
+        time.sleep(0.3)
+        finish(self)
+
+    monkeypatch.setattr(snapshot.Snapshot, "finish", late)
+
+
+def _large(accelerator):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))  # 256 KiB: copied by the writer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(4, 256)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return model, optimizer
+
+
+def test_an_optimizer_step_right_after_the_save_waits_for_the_copy(tmp_path, slow_copy):
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _large(accelerator)
+    accelerator.save_state(tmp_path / "sync")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    handle = accelerator.save_state(tmp_path / "async", async_save=True)
+    assert background.pending() is handle  # still copying (0.3 s late) when the step below starts
+    model(torch.randn(4, 256)).sum().backward()
+    optimizer.step()  # waits for the copy, then changes the weights and AdamW's moments in place
+    optimizer.zero_grad()
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # the step really changed them
+    handle.wait()
+    _same_checkpoint(tmp_path / "sync", tmp_path / "async")  # the pre-step weights and moments, bit for bit
+
+
+def test_an_in_place_change_outside_the_optimizer_before_the_copy_fails_the_save(tmp_path, slow_copy):
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _large(accelerator)
+    handle = accelerator.save_state(tmp_path / "async", async_save=True)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # not through the optimizer, and before the writer copied it
+    with pytest.raises(CheckpointError, match="changed in place before it was copied"):
+        handle.wait()
+    assert not (tmp_path / "async").exists()  # a mixed state is never published
+    optimizer.step()  # and nothing waits for that failed copy any more
+
+
+def test_load_state_waits_for_the_pending_save(tmp_path, slow_copy):
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _large(accelerator)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    accelerator.save_state(tmp_path / "async", async_save=True)
+    assert not (tmp_path / "async").exists()  # not published yet (the copy starts 0.3 s late)
+    accelerator.load_state(tmp_path / "async")  # waits for it (and only then writes into the live weights)
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
 
 
 def test_a_second_save_waits_for_the_first_and_automatic_names_count_on(tmp_path, accelerator_and_model):
@@ -116,9 +179,15 @@ def test_a_state_that_cannot_be_copied_is_refused_at_once_and_nothing_is_left(tm
     assert background.pending() is None
 
 
-def test_sharded_engines_refuse_async_save_in_one_sentence():
-    source = Path(background.__file__).with_name("save.py").read_text()
-    assert "save_state(async_save=True) is not available under" in source
+def test_deepspeed_refuses_async_save_in_one_sentence_saying_why():
+    from types import SimpleNamespace
+
+    from hasten.strategies.deepspeed.strategy import DeepSpeedStrategy
+
+    with pytest.raises(CheckpointError, match=r"not available under DeepSpeed, .*decoupled checkpoint engine.*; call "
+                                              r"save_state without async_save") as refused:
+        DeepSpeedStrategy.begin_checkpoint_files(SimpleNamespace(), Path("unused"), [], [])
+    assert refused.value.args[0].count(". ") == 0  # one sentence
 
 
 @pytest.mark.multiprocess
@@ -130,3 +199,35 @@ def test_async_save_on_two_processes_equals_sync_and_the_end_of_the_run_waits(tm
     for rank in (0, 1):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["is_str"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["sharded", "full"])
+def test_fsdp2_async_save_writes_the_files_of_a_synchronous_save_and_loads_the_same_state(tmp_path, kind):
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint import FileSystemReader
+
+    launch("fsdp_async.py", str(tmp_path), *(["--full"] if kind == "full" else []), timeout=240)
+    sync, done = tmp_path / "sync", tmp_path / "async"
+    files = sorted(str(p.relative_to(sync)) for p in sync.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(done)) for p in done.rglob("*") if p.is_file())
+    if kind == "sharded":  # DCP's shards, written by DCP's async_save
+        assert any(name.endswith(".distcp") for name in files) and any(name.startswith("optimizer_0/") for name in files)
+    else:  # gathered on the main process at the call, written by the writer thread
+        assert {"model.safetensors", "optimizer.bin"} <= set(files)
+    for name in files:
+        if name.endswith(".metadata"):  # DCP records the folder and a fresh save id: compare what it describes
+            assert (FileSystemReader(sync / Path(name).parent).read_metadata().state_dict_metadata
+                    == FileSystemReader(done / Path(name).parent).read_metadata().state_dict_metadata), name
+        elif name != "hasten_checkpoint.json":
+            assert (sync / name).read_bytes() == (done / name).read_bytes(), f"{name} differs"
+    manifest = json.loads((done / "hasten_checkpoint.json").read_text())
+    assert sorted(manifest["files"]) == sorted(n for n in files if n != "hasten_checkpoint.json")
+    assert sorted(manifest["hashes"]["files"]) == sorted(manifest["files"])  # published through the same manifest, hashed
+    states = {name: load_file(tmp_path / f"state.{name}.safetensors") for name in ("saved", "stepped", "async", "sync")}
+    assert any(not torch.equal(states["saved"][k], v) for k, v in states["stepped"].items())  # the step changed them
+    for name in ("async", "sync"):  # the step taken while the shards were written did not reach them
+        assert states[name].keys() == states["saved"].keys()
+        assert all(torch.equal(states["saved"][k], v) for k, v in states[name].items()), name
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"is_str": True, "path": str(done)}

@@ -1,10 +1,12 @@
 """`save_state(..., async_save=True)`: copy the state now, write and publish it on a background thread.
 
-The training thread pays for one copy of the state into memory (off the
-live tensors, so the next optimizer step cannot change what is written);
-the files, their hashes, the manifest and the atomic rename happen on a
-writer thread, with the same functions and values a synchronous save uses,
-so the published folder is the same bit for bit.
+The training thread takes a `snapshot.Snapshot` of the state (the small
+state copied at once; the parameters and optimizer state copied by the
+writer thread before anything else, every optimizer step waiting for that
+copy, so the next step cannot change what is written); the files, their
+hashes, the manifest and the atomic rename happen on the writer thread,
+with the same functions and values a synchronous save uses, so the
+published folder is the same bit for bit.
 
 The processes agree on the outcome through the rendezvous store, never
 through a collective: a collective from the writer thread could interleave
@@ -13,8 +15,8 @@ error); the publishing process waits for every post, writes the manifest,
 renames the folder into place and posts the outcome, which the others'
 writer threads wait for.
 
-At most one save is in flight: a second `save_state` (and a preemption
-save) first waits for the pending one; leaving the process group (the end
+At most one save is in flight: a second `save_state` (and `load_state`, and
+a preemption save) first waits for the pending one; leaving the process group (the end
 of a launched script) and interpreter exit wait too, so a finished run
 never leaves a checkpoint half-written.
 """

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import CheckpointCorrupted
+from . import background
 from .commit import CheckpointError, check_files, is_checkpoint, read_manifest, resolve_complete
 from .constants import (
     CUSTOM_STATE_NAME,
@@ -274,6 +275,7 @@ def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
     With ``ProjectConfiguration(fallback_on_damage=True)`` and no `input_dir`, a newest checkpoint that any
     process finds damaged (`CheckpointCorrupted`) is passed over for the newest complete one before it, with a warning.
     """
+    background.wait_pending()  # an asynchronous save still writing: it may be the very checkpoint asked for
     n = saveset.process.world
     options = ReadOptions.from_load_kwargs(load_kwargs)
     path, contents, errors = _read_agreed(saveset, lambda: resolve_load_dir(saveset.project, input_dir), options)

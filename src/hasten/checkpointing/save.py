@@ -18,7 +18,6 @@ case holds is found out without a collective (`handshake.py`).
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import sys
@@ -29,6 +28,7 @@ import torch
 
 from ..process.group import group_timeout
 from . import background, handshake, integrity
+from .snapshot import Snapshot
 from .commit import CheckpointError, begin_staging, fsync_path, publish, staging_path, write_manifest
 from .constants import (
     CUSTOM_STATE_NAME,
@@ -181,14 +181,14 @@ def _seal(path: Path, name: str, hashes: Hashes | None) -> None:
 
 
 def _captured(saveset: SaveSet, publisher: bool, weights: list[dict[str, torch.Tensor]],
-              optimizer_states: list[dict[str, Any]], copy_values: bool) -> list[tuple[str, str, Any]]:
+              optimizer_states: list[dict[str, Any]], take: Callable[[Any], Any] = lambda value: value
+              ) -> list[tuple[str, str, Any]]:
     """What this process writes besides sharded engine files, as (kind, name, value) in write order.
 
-    `copy_values`: deep copies (an asynchronous save must not see the
-    training thread's next step); `copy.deepcopy` keeps tensors that share
-    storage sharing it, so the files are the same bytes as a synchronous save's.
+    `take`: how each value is kept (an asynchronous save's `Snapshot.take`:
+    a deep copy, which keeps tensors that share storage sharing it, so the
+    files are the same bytes as a synchronous save's).
     """
-    take: Callable[[Any], Any] = copy.deepcopy if copy_values else (lambda value: value)
     rank = saveset.process.rank
     items: list[tuple[str, str, Any]] = []
     if publisher:
@@ -212,6 +212,15 @@ def _captured(saveset: SaveSet, publisher: bool, weights: list[dict[str, torch.T
     return items
 
 
+def _guarded(saveset: SaveSet, optimizer_states: list[dict[str, Any]]) -> list[torch.Tensor]:
+    """The tensors only an optimizer step changes (parameters, optimizer state): an asynchronous save copies them later."""
+    tensors: list[torch.Tensor] = [p for model in saveset.models for p in model.parameters()]
+    for state in optimizer_states:
+        for entry in state.get("state", {}).values():
+            tensors.extend(v for v in (entry.values() if isinstance(entry, dict) else ()) if isinstance(v, torch.Tensor))
+    return tensors
+
+
 def _write_captured(staging: Path, items: list[tuple[str, str, Any]], safe: bool,
                     hashes: Hashes | None) -> dict[str, int]:
     files: dict[str, int] = {}
@@ -224,6 +233,19 @@ def _write_captured(staging: Path, items: list[tuple[str, str, Any]], safe: bool
         else:
             files.update([_write(staging, name, value, hashes)])
     return files
+
+
+def _finish_shards(strategy: CheckpointEngine, staging: Path, shards: Callable[[], dict[str, int]],
+                   hashes: Hashes | None) -> dict[str, int]:
+    """(Writer thread.) Wait for the engine's background write of this process's shards; hash what it wrote."""
+    try:
+        written = shards()
+    except Exception as failure:
+        raise FileWriteFailed(f"its {_ENGINES.get(strategy.name, strategy.name)} shards") from failure
+    for name in written:
+        if hashes is not None:
+            hashes.add(name, staging / name)
+    return written
 
 
 def _write_files(saveset: SaveSet, staging: Path, publisher: bool, weights: list[dict[str, torch.Tensor]],
@@ -241,7 +263,7 @@ def _write_files(saveset: SaveSet, staging: Path, publisher: bool, weights: list
         for name in written:
             if hashes is not None:
                 hashes.add(name, staging / name)
-    files.update(_write_captured(staging, _captured(saveset, publisher, weights, optimizer_states, False), safe,
+    files.update(_write_captured(staging, _captured(saveset, publisher, weights, optimizer_states), safe,
                                  hashes))
     return files
 
@@ -309,7 +331,8 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
             rotate_checkpoints(target.parent, config.total_limit, keep=target)
         return first_error
 
-    def write_mine(items: list[tuple[str, str, Any]] | None) -> tuple[Any, dict[str, int], dict[str, str]]:
+    def write_mine(items: list[tuple[str, str, Any]] | None, snapshot: Snapshot | None = None,
+                   shards: Callable[[], dict[str, int]] | None = None) -> tuple[Any, dict[str, int], dict[str, str]]:
         files: dict[str, int] = {}
         digests: dict[str, str] = {}
         error: CheckpointError | None = None
@@ -318,9 +341,15 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
             if items is None:
                 files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization, hashes)
             else:
+                if snapshot is not None:
+                    snapshot.finish()  # the parameters and optimizer state, copied before anything is written
                 staging.mkdir(parents=True, exist_ok=True)
-                files = _write_captured(staging, items, safe_serialization, hashes)
+                if shards is not None:
+                    files.update(_finish_shards(strategy, staging, shards, hashes))
+                files.update(_write_captured(staging, items, safe_serialization, hashes))
             digests = hashes.result() if hashes is not None else {}
+        except CheckpointError as failure:  # already one sentence (the snapshot saw the state change)
+            error = failure
         except Exception as failure:  # noqa: BLE001 - reported to every process, then raised everywhere
             error = write_failure(failure, target, automatic, process.rank)  # while the disk is as the failure left it
         finally:
@@ -329,14 +358,18 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         return error, files, digests
 
     if in_background:
-        if sharded:
-            raise CheckpointError(f"save_state(async_save=True) is not available under "
-                                  f"{_ENGINES.get(strategy.name, strategy.name)} yet (its shards are written by "
-                                  "the engine); call save_state without async_save.")
         items: list[tuple[str, str, Any]] = []
-        copy_error = None
-        try:
-            items = _captured(saveset, publisher, weights, optimizer_states, copy_values=True)
+        copy_error: str | None = None
+        snapshot = Snapshot(())
+        shards: Callable[[], dict[str, int]] | None = None
+        try:  # references and the small state now; the parameters and optimizer state on the writer thread
+            snapshot = Snapshot(_guarded(saveset, optimizer_states))
+            items = _captured(saveset, publisher, weights, optimizer_states, snapshot.take)
+            if sharded:  # last (nothing after it can fail): the engine copies its shards now, writes them meanwhile
+                staging.mkdir(parents=True, exist_ok=True)
+                shards = strategy.begin_checkpoint_files(staging, models, saveset.optimizers)
+        except CheckpointError as failure:  # the engine cannot save in the background: it says why
+            copy_error = str(failure)
         except Exception as failure:  # noqa: BLE001 - agreed below, so no process goes on alone
             copy_error = (f"save_state(async_save=True) could not copy the state to write in the background "
                           f"({type(failure).__name__}: {failure}); make the registered objects' state_dict() "
@@ -348,7 +381,10 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         number = background.next_number()
 
         def work() -> None:
-            error, files, digests = write_mine(items)
+            try:
+                error, files, digests = write_mine(items, snapshot, shards)
+            finally:
+                snapshot.release()
             if n == 1:
                 outcome = publish_outcome([(error, files, digests)])
                 if outcome is not None:
@@ -358,6 +394,7 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
             background.exchange(number, process.rank, n, publisher, report,
                                 lambda reports: _text(publish_outcome([tuple(r) for r in reports])), group_timeout())
 
+        snapshot.arm()  # every optimizer step now waits for the copy
         return background.run_in_background(target, work)
 
     reports = all_gather(write_mine(None), n, _OP)

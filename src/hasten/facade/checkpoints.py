@@ -182,12 +182,17 @@ class CheckpointPart:
         under FSDP or DeepSpeed, whose state is sharded, that call fails
         within seconds saying so.
 
-        ``async_save=True`` returns as soon as the state is copied in memory;
-        the files are written, checked and published in the background (the
-        same files a synchronous save writes). The returned path then also
-        has ``wait()`` (blocks until published, raises the save's error) and
-        ``done()``. The next `save_state`, a preemption save and the end of
-        the run wait for it. Not yet under FSDP or DeepSpeed (refused).
+        ``async_save=True`` returns as soon as the state is snapshotted; the
+        files (the state as of the call, the same files a synchronous save
+        writes) are written, checked and published in the background. The
+        parameters and optimizer state are copied by the writer thread and
+        every optimizer step waits for that copy, so change them only
+        through ``optimizer.step()`` until then (or call ``wait()``): another
+        in-place change fails the save. The returned path then also has
+        ``wait()`` (blocks until published, raises the save's error) and
+        ``done()``. The next `save_state`, `load_state`, a preemption save and
+        the end of the run wait for it. FSDP2 uses DCP's async save;
+        DeepSpeed refuses it, saying why.
 
         Example:
             >>> import tempfile

@@ -253,6 +253,18 @@ class Strategy:
         """Write this process's part of models and optimizers under `directory`; returns {relative path: size}."""
         raise NotImplementedError(f"{type(self).__name__} saves full state dicts through the checkpoint layer")
 
+    def begin_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                               optimizers: Sequence[torch.optim.Optimizer]) -> Callable[[], dict[str, int]]:
+        """(`save_state(async_save=True)`.) Copy this process's part off the live state now; the returned call,
+        run on the writer thread, writes it under `directory` and returns {relative path: size}.
+
+        An engine that cannot save in the background raises `CheckpointError` saying why.
+        """
+        from ..errors import CheckpointError
+
+        raise CheckpointError(f"save_state(async_save=True) is not available under {self.name}, which writes its own "
+                              "checkpoint files; call save_state without async_save.")
+
     def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                               optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
         """Read and check this process's part into new memory; nothing live is changed.

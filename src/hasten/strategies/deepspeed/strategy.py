@@ -298,6 +298,19 @@ class DeepSpeedStrategy(Strategy):
             files[name] = path.stat().st_size
         return files
 
+    def begin_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                               optimizers: Sequence[torch.optim.Optimizer]) -> Callable[[], dict[str, int]]:
+        """Refused: DeepSpeed 0.19's only background writer cannot be waited on and published by hasten."""
+        from ...errors import CheckpointError
+
+        # DeepSpeed's decoupled checkpoint engine (0.19) writes through its async_io op (libaio, DeepNVMe) in a
+        # spawned process and commits only inside the engine's next optimizer step, with a barrier: nothing a writer
+        # thread can wait on before hashing and publishing the folder.
+        raise CheckpointError("save_state(async_save=True) is not available under DeepSpeed, whose only background "
+                              "writer (the decoupled checkpoint engine) finishes a save inside its next optimizer step "
+                              "and needs the async_io op (libaio), so hasten cannot check and publish it; call "
+                              "save_state without async_save (Accelerate also saves synchronously there).")
+
     def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                               optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
         from .checkpoint import check_shard, read_shard, reshard

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from concurrent.futures import Future
+from typing import Any, Callable, Protocol, cast
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from .plugin import FullyShardedDataParallelPlugin
 __all__ = [
     "MODEL_DIR", "OPTIMIZER_DIR", "full_model_state_dict", "load_full_model_state_dict", "full_optimizer_state_dict",
     "load_full_optimizer_state_dict", "full_gradients", "load_full_gradients", "save_sharded", "read_sharded",
-    "apply_sharded", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
+    "apply_sharded", "begin_sharded", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
 ]
 
 MODEL_DIR = "pytorch_model_fsdp"
@@ -141,6 +142,57 @@ def save_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Modul
         dcp.save(optimizer_state(model, optimizer), checkpoint_id=target)
         written.update(_files_under(root, target))
     return written
+
+
+_async_groups: tuple[Any, list[Any]] = (None, [])  # (the default group they belong to, one gloo group per directory)
+
+
+def _background_group(index: int) -> Any:
+    """The `index`-th gloo group for background saves (collective: created on every process at the same save).
+
+    DCP's background save runs its collectives on a thread beside training,
+    so it must not share a group with the training thread's collectives, nor
+    with another directory's background save running at the same time.
+    """
+    import torch.distributed as dist
+
+    global _async_groups
+    default = dist.distributed_c10d._get_default_group()
+    owner, groups = _async_groups
+    if owner is not default:  # a new process group (or the first save): the old groups went with the old one
+        _async_groups = owner, groups = default, []
+    while len(groups) <= index:
+        groups.append(dist.new_group(backend="gloo"))
+    return groups[index]
+
+
+def begin_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Module, Any]]) -> Callable[[], dict[str, int]]:
+    """Copy this process's shards off the live tensors now (DCP's async_save stages them in CPU memory) and write them
+    in the background; the returned call waits for the writes and returns the files, as `save_sharded` does.
+
+    Same directories and files as `save_sharded` (DCP's `.metadata` holds a
+    fresh save id each time, so it differs between any two saves; the
+    `.distcp` shards are the same bytes).
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    states = [(root / f"{MODEL_DIR}_{i}", get_model_state_dict(model)) for i, model in enumerate(models)]
+    states += [(root / f"{OPTIMIZER_DIR}_{i}", optimizer_state(model, optimizer)) for i, (model, optimizer) in enumerate(pairs)]
+    distributed = dist.is_initialized()
+    futures = [(target, dcp.async_save(state, checkpoint_id=target, no_dist=not distributed,
+                                       process_group=_background_group(i) if distributed else None))
+               for i, (target, state) in enumerate(states)]
+
+    def finish() -> dict[str, int]:
+        written: dict[str, int] = {}
+        for target, future in futures:
+            cast(Future, future).result()
+            written.update(_files_under(root, target))
+        return written
+
+    return finish
 
 
 def _fresh_like(value: Any) -> Any:

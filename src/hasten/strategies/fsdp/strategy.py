@@ -295,6 +295,11 @@ class FSDPStrategy(Strategy):
         pairs = [(self.model_of(o), getattr(o, "optimizer", o)) for o in optimizers]
         return fsdp_checkpoint.save_sharded(directory, list(models), pairs)
 
+    def begin_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
+                               optimizers: Sequence[torch.optim.Optimizer]) -> Callable[[], dict[str, int]]:
+        pairs = [(self.model_of(o), getattr(o, "optimizer", o)) for o in optimizers]
+        return fsdp_checkpoint.begin_sharded(directory, list(models), pairs)
+
     def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                               optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
         pairs = [(self.model_of(o), getattr(o, "optimizer", o)) for o in optimizers]
