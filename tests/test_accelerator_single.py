@@ -174,6 +174,24 @@ def test_bf16_forward_is_autocast_and_outputs_come_back_in_fp32():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
 
 
+def test_bf16_autocasts_a_forward_a_library_set_on_the_instance():
+    # TRL's SFTTrainer puts its fused-loss forward on the model instance before Trainer prepares it.
+    model = torch.nn.Linear(4, 4)
+    seen = []
+
+    def fused_forward(self, x):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return torch.nn.Linear.forward(self, x)
+
+    model.forward = fused_forward.__get__(model)
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    prepared = acc.prepare_model(model)
+    assert prepared(torch.randn(2, 4)).dtype == torch.float32 and seen == [True]
+    plain = acc.unwrap_model(prepared, keep_fp32_wrapper=False)
+    plain(torch.randn(2, 4))
+    assert seen == [True, False] and vars(plain)["forward"].__func__ is fused_forward
+
+
 def test_fp16_skips_the_step_on_inf_and_the_scheduler_waits():
     acc = Accelerator(cpu=True, mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=2.0**8)])
     model = torch.nn.Linear(2, 1)

@@ -141,8 +141,12 @@ class Strategy:
         return model.to(self.device) if place else model
 
     def cast_forward(self, model: nn.Module) -> None:
-        """Run the model's forward under the precision's autocast (once per model)."""
-        if self.precision.dtype is not None and "forward" not in vars(model):
+        """Run the model's forward under the precision's autocast (once per model).
+
+        A forward a library set on the instance (TRL's fused-loss forward) is
+        wrapped too, as Accelerate does; only hasten's own wrapper is not.
+        """
+        if self.precision.dtype is not None and not hasattr(vars(model).get("forward"), "__wrapped_forward__"):
             model.forward = self.precision.wrap_forward(model.forward)
 
     def _record_replaced_params(self, before: dict[str, nn.Parameter], model: nn.Module) -> None:
