@@ -83,9 +83,13 @@ def test_trainer_resumes_from_checkpoint_like_accelerate(runs: Runs) -> None:
 @pytest.mark.parametrize("engine", ["fsdp", "zero2"])
 def test_trainer_sharded_engines_train_like_ddp(runs: Runs, tmp_path_factory: pytest.TempPathFactory,
                                                 engine: str) -> None:
-    """FSDP2 and DeepSpeed ZeRO-2 chosen through TrainingArguments: the DDP run's losses, to float32 rounding."""
+    """FSDP2 and DeepSpeed ZeRO-2 chosen through TrainingArguments: the DDP run's losses, to float32 rounding.
+
+    The FSDP run also saves (``adapter_only=True`` on a model without adapters saves it whole, as Accelerate does)
+    and resumes to the same steps.
+    """
     if engine == "fsdp":
-        args: tuple[str, ...] = ("--fsdp", "full_shard")
+        args: tuple[str, ...] = ("--fsdp", "full_shard", "--save_steps", "4")
         expected_type = "DistributedType.FSDP"
     else:
         pytest.importorskip("deepspeed")
@@ -100,3 +104,6 @@ def test_trainer_sharded_engines_train_like_ddp(runs: Runs, tmp_path_factory: py
         expected = [float.fromhex(r["loss"]) for r in of(ddp, "micro", rank)]
         got = [float.fromhex(r["loss"]) for r in of(sharded, "micro", rank)]
         assert len(expected) == len(got) and max(abs(a - b) for a, b in zip(expected, got)) <= 1e-5 * max(map(abs, expected))
+    if engine == "fsdp":  # Trainer's FSDP checkpoint (save_fsdp_model / save_fsdp_optimizer) resumes exactly
+        resumed = trainer_run(runs, HASTEN, 2, *args, resume_from="checkpoint-4")
+        assert of(resumed, "micro", 0) and of(resumed, "micro", 0) == of(sharded, "micro", 0)[-len(of(resumed, "micro", 0)):]

@@ -321,6 +321,12 @@ def _is_full(fsdp_plugin: FullyShardedDataParallelPlugin) -> bool:
     return fsdp_plugin.state_dict_type == "FULL_STATE_DICT"
 
 
+def _adapter_only(model: nn.Module, adapter_only: bool) -> bool:
+    """Accelerate's meaning of ``adapter_only``: only a PEFT model's trainable (adapter) weights; other models in full."""
+    inner = getattr(model, "module", model)
+    return adapter_only and any(hasattr(m, "peft_config") for m in (model, inner))
+
+
 def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes, model: nn.Module,
                     output_dir: str | Path, model_index: int = 0, adapter_only: bool = False) -> None:
     """Save an FSDP model: one full file from the main process, or a sharded DCP directory written by every process.
@@ -335,16 +341,17 @@ def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    if adapter_only:
-        raise NotImplementedError("adapter_only=True needs PEFT integration, which hasten does not have; save the whole model.")
+    trainable_only = _adapter_only(model, adapter_only)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if _is_full(fsdp_plugin):
-        state = full_model_state_dict(model)
+        state = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True,
+                                                             ignore_frozen_params=trainable_only))
         if accelerator.is_main_process:
             torch.save(state, output_dir / _name(MODEL_DIR, model_index, ".bin"))
     else:
-        dcp.save(get_model_state_dict(model), checkpoint_id=output_dir / f"{MODEL_DIR}_{model_index}")
+        dcp.save(get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only)),
+                 checkpoint_id=output_dir / f"{MODEL_DIR}_{model_index}")
     accelerator.wait_for_everyone()
 
 
@@ -364,15 +371,15 @@ def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    if adapter_only:
-        raise NotImplementedError("adapter_only=True needs PEFT integration, which hasten does not have; load the whole model.")
+    trainable_only = _adapter_only(model, adapter_only)
     input_dir = Path(input_dir)
     if _is_full(fsdp_plugin):
-        load_full_model_state_dict(model, torch.load(input_dir / _name(MODEL_DIR, model_index, ".bin"), weights_only=True))
+        saved = torch.load(input_dir / _name(MODEL_DIR, model_index, ".bin"), weights_only=True)
+        set_model_state_dict(model, saved, options=_options(full_state_dict=True, strict=not trainable_only))
     else:
-        state = get_model_state_dict(model)
+        state = get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only))
         dcp.load(state, checkpoint_id=input_dir / f"{MODEL_DIR}_{model_index}")
-        set_model_state_dict(model, state)
+        set_model_state_dict(model, state, options=_options(strict=not trainable_only))
 
 
 def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes,
