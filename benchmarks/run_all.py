@@ -214,6 +214,31 @@ def names(records: list[dict]) -> list[str]:
     return list(dict.fromkeys(r["name"] for r in records))
 
 
+def merge(new: list[dict], old: list[dict], rerun: set[str]) -> list[dict]:
+    """This run's records, then the previous run's records of every script this run did not run.
+
+    A script's records are those written before its ``_run`` record (scripts run one after the other);
+    the new ``_meta`` record names the scripts kept and the run they come from.
+    """
+    kept: list[dict] = []
+    group: list[dict] = []
+    names: list[str] = []
+    old_meta = next((r for r in old if r["section"] == "_meta"), {})
+    for record in old:
+        if record["section"] == "_meta":
+            continue
+        group.append(record)
+        if record["section"] == "_run":
+            if record["name"] not in rerun:
+                kept += group
+                names.append(record["name"])
+            group = []
+    meta = next(r for r in new if r["section"] == "_meta")
+    meta["kept"] = {"scripts": names, "date": old_meta.get("date"), "commit": old_meta.get("hasten_commit"),
+                    "command": old_meta.get("command")}
+    return new + kept
+
+
 # ---------------------------------------------------------------------------- RESULTS.md
 def render(records: list[dict], quick: bool) -> str:
     meta = next((r for r in records if r["section"] == "_meta"), {})
@@ -226,7 +251,12 @@ def render(records: list[dict], quick: bool) -> str:
               "do not edit by hand, run the command again. Raw figures: `results.jsonl`; chart: `results.png`."), ""]
     if quick:
         lines += ["**Quick mode** (`--quick`): fewer rounds and smaller models; noisier, not the figures to quote.", ""]
-    if meta.get("only"):
+    if meta.get("only") and meta.get("kept", {}).get("scripts"):
+        kept = meta["kept"]
+        lines += [f"**Partly rerun**: {', '.join(meta['only'])} on {meta.get('date')} (commit "
+                  f"{meta.get('hasten_commit')}); {', '.join(kept['scripts'])} are from the run of {kept['date']} "
+                  f"(commit {kept['commit']}, `{kept['command']}`).", ""]
+    elif meta.get("only"):
         lines += [f"**Partial run**: only {', '.join(meta['only'])}.", ""]
     lines += ["hasten against raw PyTorch (what a careful user writes by hand: DDP + DistributedSampler + `no_sync` + "
               "`torch.autocast`, `fully_shard`, `deepspeed.initialize`, `torchrun`, `torch.save`), and against the "
@@ -696,6 +726,11 @@ def main() -> int:
             print(f"(skipped {script}: {why})", flush=True)
         print(f"\nall scripts done in {(time.monotonic() - started) / 60:.1f} min", flush=True)
         records = load(Path(path))
+        previous = args.output_dir / "results.jsonl"
+        if args.only and previous.exists():  # the scripts not run keep their figures from the last run
+            records = merge(records, load(previous), {b[0] for b in runnable})
+            with open(path, "w") as out:
+                out.writelines(json.dumps(r) + "\n" for r in records)
         shutil.copyfile(path, args.output_dir / "results.jsonl")
         os.unlink(path)
     (args.output_dir / "RESULTS.md").write_text(render(records, quick))
