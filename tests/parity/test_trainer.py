@@ -85,8 +85,8 @@ def test_trainer_sharded_engines_train_like_ddp(runs: Runs, tmp_path_factory: py
                                                 engine: str) -> None:
     """FSDP2 and DeepSpeed ZeRO-2 chosen through TrainingArguments: the DDP run's losses, to float32 rounding.
 
-    The FSDP run also saves (``adapter_only=True`` on a model without adapters saves it whole, as Accelerate does)
-    and resumes to the same steps.
+    Both also save and resume to the same steps (FSDP: ``adapter_only=True`` on a model without adapters saves it
+    whole, as Accelerate does; DeepSpeed: the engine's own checkpoint, in the same layout as under Accelerate).
     """
     if engine == "fsdp":
         args: tuple[str, ...] = ("--fsdp", "full_shard", "--save_steps", "4")
@@ -95,7 +95,7 @@ def test_trainer_sharded_engines_train_like_ddp(runs: Runs, tmp_path_factory: py
         pytest.importorskip("deepspeed")
         config = Path(runs.root) / "zero2.json"
         config.write_text(json.dumps(ZERO2))
-        args, expected_type = ("--deepspeed", str(config)), "DistributedType.DEEPSPEED"
+        args, expected_type = ("--deepspeed", str(config), "--save_steps", "4"), "DistributedType.DEEPSPEED"
     ddp, sharded = trainer_run(runs, PEER, 2), trainer_run(runs, HASTEN, 2, *args)
     assert of(sharded, "done", 0)[0]["distributed"] == expected_type
     for rank in range(2):
@@ -104,6 +104,6 @@ def test_trainer_sharded_engines_train_like_ddp(runs: Runs, tmp_path_factory: py
         expected = [float.fromhex(r["loss"]) for r in of(ddp, "micro", rank)]
         got = [float.fromhex(r["loss"]) for r in of(sharded, "micro", rank)]
         assert len(expected) == len(got) and max(abs(a - b) for a, b in zip(expected, got)) <= 1e-5 * max(map(abs, expected))
-    if engine == "fsdp":  # Trainer's FSDP checkpoint (save_fsdp_model / save_fsdp_optimizer) resumes exactly
-        resumed = trainer_run(runs, HASTEN, 2, *args, resume_from="checkpoint-4")
-        assert of(resumed, "micro", 0) and of(resumed, "micro", 0) == of(sharded, "micro", 0)[-len(of(resumed, "micro", 0)):]
+    # Trainer's checkpoints (FSDP: save_fsdp_model / save_fsdp_optimizer; DeepSpeed: the engine's) resume exactly
+    resumed = of(trainer_run(runs, HASTEN, 2, *args, resume_from="checkpoint-4"), "micro", 0)
+    assert resumed and resumed == of(sharded, "micro", 0)[-len(resumed):]
