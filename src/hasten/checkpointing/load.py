@@ -84,10 +84,12 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
     saved_format = manifest["contents"].get("model_format", "safetensors")
     sharded = saved_format.startswith(SHARDED_FORMAT)
     if sharded and saved_format[len(SHARDED_FORMAT):] not in strategy.reads_sharded_from:
-        raise CheckpointError(
-            f"{path} holds models sharded by {saved_format[len(SHARDED_FORMAT):]}, but this run uses {strategy.name}; "
-            f"load it under the same strategy, or turn it into full weights first with `hasten merge-weights`."
-        )
+        saver = saved_format[len(SHARDED_FORMAT):]
+        # `hasten merge-weights` reads FSDP's DCP folders; other engines' files are read back by the engine itself
+        full = ("turn it into full weights first with `hasten merge-weights`" if saver == "fsdp" else
+                f"write full weights from a {saver} run with accelerator.save_model after load_state")
+        raise CheckpointError(f"{path} holds models sharded by {saver}, but this run uses {strategy.name}; "
+                              f"load it under {saver} (any number of processes), or {full}.")
     model_base = SAFE_WEIGHTS_NAME if saved_format == "safetensors" else WEIGHTS_NAME
     legacy_samplers = "dataloaders" not in manifest  # older hasten checkpoints kept loader positions in sampler.bin
     names = [] if sharded else [indexed_name(model_base, i) for i in range(len(models))]
