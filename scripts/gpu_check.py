@@ -172,9 +172,15 @@ x = torch.randn(8, W)
 expected = model.to(DEV)(x.to(DEV)).float().cpu(); del model; None
 budget = {0: "300MiB", "cpu": "4GiB"} if BIG else {"cpu": "4GiB"}
 with init_empty_weights(): empty = mlp(W, 12)
+import cProfile, pstats, io
+profile = cProfile.Profile()
 start = time.perf_counter()
+profile.enable()
 loaded = load_checkpoint_and_dispatch(empty, str(folder / "model.safetensors"), device_map="auto", max_memory=budget)
+profile.disable()
 load_s = time.perf_counter() - start
+text = io.StringIO(); pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(8)
+print("\\n".join(line[:150] for line in text.getvalue().splitlines()[-14:]))  # where a slow load spends its time
 got = loaded(x.to(DEV)).float().cpu()
 on_gpu = sum(1 for p in loaded.parameters() if p.device.type == DEV)
 sync(); s = time.perf_counter()
@@ -331,6 +337,7 @@ else:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated sections (default: all)")
+    parser.add_argument("--verbose", action="store_true", help="print each section's own output (e.g. the dispatch profile)")
     args = parser.parse_args(argv)
     chosen = [s for s in SECTIONS if not args.only or s in args.only.split(",")]
     rows = []
@@ -352,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("OUT"):  # row by row: a run stopped at its limit keeps what it measured
             with open(Path(os.environ["OUT"], "gpu_check_rows.txt"), "a") as rows_file:
                 rows_file.write(f"{section}\t{status}\t{rows[-1][2]}\t{detail}\n")
-        if status != "ok":
+        if status != "ok" or args.verbose:
             print(output[-3000:], flush=True)
     table = ["| section | status | seconds | result |", "|---|---|---|---|"]
     table += [f"| {s} | {st} | {sec} | `{d}` |" for s, st, sec, d in rows]
