@@ -8,9 +8,10 @@ runs after ``import hasten.as_accelerate`` (``--switch``), which serves
 ``import accelerate`` from hasten.
 
 It builds, from configs (nothing is downloaded), a tiny ``UNet2DModel`` +
-``DDPMScheduler`` saved as a ``DDPMPipeline`` folder and a tiny
-``UNet2DConditionModel``, then loads them the ways diffusers offers with
-Accelerate and records what came out: images and outputs (``float.hex``
+``DDPMScheduler`` saved as a ``DDPMPipeline`` folder, a ``DiTPipeline``
+(transformer + VAE) and a tiny ``UNet2DConditionModel``, then loads and
+offloads them the ways diffusers offers with Accelerate and records what
+came out: images and outputs (``float.hex``
 sums and exact bytes digests, the arrays in ``OUT/arrays.npz``), the device
 maps, the hooks on the modules, the parameter devices and the files written
 to the offload folders. ``OUT/result.json`` holds the record.
@@ -53,7 +54,8 @@ def main(argv=None):
     import numpy as np
     import torch
     import diffusers
-    from diffusers import DDPMPipeline, DDPMScheduler, UNet2DConditionModel, UNet2DModel
+    from diffusers import (AutoencoderKL, DDIMScheduler, DDPMPipeline, DDPMScheduler, DiTPipeline,
+                           DiTTransformer2DModel, UNet2DConditionModel, UNet2DModel)
 
     import accelerate  # only to record which library served it
 
@@ -187,6 +189,41 @@ def main(argv=None):
         return {"hooks": hooks, "placement": placed, "images": images,
                 "execution_device": str(pipe._execution_device), "hooks_removed": hooks_of(pipe.unet)}
 
+    # A two-model pipeline (transformer -> vae): chained offload hooks, and vae.decode through apply_forward_hook.
+    torch.manual_seed(2)
+    dit = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+                                num_layers=1, norm_num_groups=8, sample_size=4, patch_size=2)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(8, 16), latent_channels=4,
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        norm_num_groups=8, sample_size=8)
+    dit_dir = os.path.join(work, "dit")
+    DiTPipeline(transformer=dit, vae=vae, scheduler=DDIMScheduler(num_train_timesteps=50)).save_pretrained(dit_dir)
+
+    def run_dit(pipe, key):
+        images = pipe(class_labels=[1, 2], generator=torch.Generator().manual_seed(0), num_inference_steps=args.steps,
+                      output_type="np").images
+        arrays[key] = np.asarray(images, dtype=np.float32)
+        return digest(images)
+
+    @case("dit_reference")
+    def _():
+        return {"images": run_dit(DiTPipeline.from_pretrained(dit_dir), "dit_reference")}
+
+    @case("dit_device_map_balanced")
+    def _():
+        pipe = DiTPipeline.from_pretrained(dit_dir, device_map="balanced")
+        return {"hf_device_map": str(pipe.hf_device_map), "images": run_dit(pipe, "dit_balanced"),
+                "placement": sorted(set(placement(pipe.transformer).values()) | set(placement(pipe.vae).values()))}
+
+    @case("dit_model_cpu_offload")
+    def _():
+        pipe = DiTPipeline.from_pretrained(dit_dir)
+        pipe.enable_model_cpu_offload(device=args.device)
+        chained = pipe.vae._hf_hook.prev_module_hook is not None and pipe.transformer._hf_hook.prev_module_hook is None
+        images = run_dit(pipe, "dit_model_cpu_offload")
+        return {"hooks": [type(m._hf_hook).__name__ for m in (pipe.transformer, pipe.vae)], "chained": chained,
+                "images": images, "after": [str(pipe.transformer.device), str(pipe.vae.device)]}
+
     @case("components_manager_offload_hooks")
     def _():
         # diffusers' own ModelHook subclass attached through Accelerate's add_hook_to_module (duck-typed hooks)
@@ -205,6 +242,21 @@ def main(argv=None):
             hook.remove()
         return {"outs": outs, "hooks": kinds, "after_remove": [hasattr(m, "_hf_hook") for m in (first, second)],
                 "forward_restored": [m.forward.__func__ is type(m).forward for m in (first, second)]}
+
+    @case("unet_group_offload")
+    def _():
+        # diffusers' own offloading: its hooks send inputs with Accelerate's send_to_device
+        model = UNet2DModel.from_pretrained(pipeline_dir, subfolder="unet")
+        model.enable_group_offload(onload_device=torch.device(args.device), offload_type="leaf_level")
+        return {"out": forward(model, unet_inputs, "unet_group_offload")}
+
+    @case("group_offload_refused_over_accelerate_hooks")
+    def _():
+        # diffusers refuses when it finds Accelerate's AlignDevicesHook / CpuOffload on a module
+        pipe = DDPMPipeline.from_pretrained(pipeline_dir)
+        pipe.enable_model_cpu_offload(device=args.device)
+        pipe.unet.enable_group_offload(onload_device=torch.device(args.device), offload_type="leaf_level")
+        return {}
 
     @case("unet_reference")
     def _():
