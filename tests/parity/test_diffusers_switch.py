@@ -114,8 +114,8 @@ def test_diffusers_loads_and_offloads_like_accelerate(loading: dict[str, tuple[d
     # the cases that must run under both, and what they covered
     ran = {name for name, case in ours["cases"].items() if case["ok"]}
     assert {"pipeline_device_map_cpu", "pipeline_device_map_balanced", "pipeline_model_cpu_offload",
-            "dit_device_map_balanced", "dit_model_cpu_offload", "components_manager_offload_hooks", "unet_group_offload",
-            "cond_auto_third", "cond_auto_three_quarters", "cond_dict_disk_offload"} <= ran
+            "dit_device_map_balanced", "dit_model_cpu_offload", "components_manager_offload_hooks",
+            "unet_group_offload", "cond_auto_third", "cond_auto_three_quarters", "cond_dict_disk_offload"} <= ran
     assert ours["cases"]["cond_auto_third"]["hf_device_map"] == {"": "disk"}
     assert {"cpu", "disk"} == set(ours["cases"]["cond_auto_three_quarters"]["hf_device_map"].values())
     assert ours["cases"]["pipeline_model_cpu_offload"]["hooks"][""][0][0] == "CpuOffload"
