@@ -57,7 +57,7 @@ def main(argv=None):
     from diffusers import (AutoencoderKL, DDIMScheduler, DDPMPipeline, DDPMScheduler, DiTPipeline,
                            DiTTransformer2DModel, UNet2DConditionModel, UNet2DModel)
 
-    import accelerate  # only to record which library served it
+    accelerate = sys.modules["accelerate"]  # imported by diffusers; here only to record which library served it
 
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="diffusers-loading-")
