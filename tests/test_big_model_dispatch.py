@@ -333,6 +333,20 @@ def test_dispatch_model_with_disk_blocks(tmp_path):
         model.to("cpu")
 
 
+def test_dispatch_model_maps_the_whole_model_to_disk(tmp_path):
+    """{"": "disk"} (what "auto" infers when nothing fits in memory) is hooked and streams from the folder."""
+    model = make_model()
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        expected = model(x)
+    dispatch_model(model, {"": "disk"}, offload_dir=tmp_path / "offload")
+    assert model.hf_device_map == {"": "disk"} and all(p.device == META for p in model.parameters())
+    assert (tmp_path / "offload" / "index.json").is_file() and (tmp_path / "offload" / "0.linear.weight.dat").is_file()
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
+    assert all(p.device == META for p in model.parameters())
+
+
 def test_dispatch_model_refuses_disk_without_offload_dir():
     with pytest.raises(ValueError, match="offload_dir"):
         dispatch_model(make_model(), {"0": "cpu", "1": "disk", "2": "cpu", "3": "cpu"})

@@ -221,7 +221,8 @@ def dispatch_model(model: nn.Module, device_map: dict[str, int | str | torch.dev
     when the main device is an accelerator) keep their weights off-device and
     load them per forward on `main_device`. On a CPU-only map the main device
     is "cpu" and disk weights are memory-mapped from `offload_dir`. With a
-    single device and no `force_hooks`, the model is simply moved there.
+    single device other than "disk" and no `force_hooks`, the model is
+    simply moved there.
     Sets `model.hf_device_map`.
 
     Example:
@@ -232,7 +233,8 @@ def dispatch_model(model: nn.Module, device_map: dict[str, int | str | torch.dev
     """
     check_device_map(model, device_map)
     devices = set(device_map.values())
-    if len(devices) > 1 or force_hooks:
+    # A map onto "disk" alone is hooked too (Accelerate does): the weights stream from the offload folder.
+    if len(devices) > 1 or "disk" in devices or force_hooks:
         if main_device is None:
             accelerators = [d for d in device_map.values() if d not in ("cpu", "disk")]
             main_device = accelerators[0] if accelerators else "cpu"
@@ -278,10 +280,7 @@ def dispatch_model(model: nn.Module, device_map: dict[str, int | str | torch.dev
         retie_parameters(model, tied_params)  # replacing tensors by hooks may have untied them
         _guard_moves(model)
     else:
-        device = next(iter(devices))
-        if device == "disk":
-            raise ValueError("The whole model is mapped to 'disk'; use `disk_offload` for that.")
-        model.to(device)
+        model.to(next(iter(devices)))
     setattr(model, "hf_device_map", dict(device_map))  # a plain attribute (nn.Module types its own as tensors)
     return model
 
