@@ -28,7 +28,7 @@ def test_hasten_never_imports_accelerate() -> None:
 
 
 # Clients of the accelerate switch: a library built on Accelerate imports it, the script itself never does.
-SWITCH_CLIENTS = {"trainer_client.py", "diffusers_loading_client.py"}
+SWITCH_CLIENTS = {"trainer_client.py", "diffusers_loading_client.py", "sft_client.py", "peft_client.py", "tiny_lm.py"}
 
 
 def test_rewritten_scripts_import_no_accelerate() -> None:
