@@ -383,3 +383,41 @@ def test_mixed_precision_context_manager_and_grad_scaler():
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     assert isinstance(get_grad_scaler("FSDP", device="cpu"), ShardedGradScaler)
+
+
+def test_tensors_bound_for_a_gpu_come_from_the_mapping_and_the_rest_are_private(tmp_path):
+    """A GPU-bound tensor is read through the file's mapping (one copy, to the GPU); the others into memory of their own."""
+    from safetensors.torch import save_file
+
+    from hasten.big_modeling import loading
+
+    weights = {"gpu.weight": torch.randn(64, 64), "cpu.weight": torch.randn(64, 64)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    asked = []
+
+    def private(name):
+        asked.append(name)
+        return name.startswith("cpu")
+
+    read = dict(loading._read_safetensors(tmp_path / "model.safetensors", private))
+    assert sorted(asked) == sorted(weights)
+    assert all(torch.equal(read[name], weights[name]) for name in weights)
+    # the device map decides: an int or "cuda:N" device is a GPU (mapped); cpu, disk and meta are private
+    model = torch.nn.Module()
+    model.gpu, model.cpu = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False)
+    seen = {}
+    original = loading._read_safetensors
+
+    def spy(file, private=None):
+        seen.update({name: private(name) for name in weights})
+        yield from original(file, private)
+
+    loading._read_safetensors = spy
+    try:
+        try:  # without a GPU, placing on device 0 fails after the reading decided; with one it loads
+            loading.load_checkpoint_in_model(model, str(tmp_path), device_map={"gpu": 0, "cpu": "cpu"})
+        except (RuntimeError, AssertionError, ValueError):
+            assert not torch.cuda.is_available()
+    finally:
+        loading._read_safetensors = original
+    assert seen == {"gpu.weight": False, "cpu.weight": True}

@@ -21,7 +21,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -97,13 +97,17 @@ def _damaged(file: Path, error: BaseException) -> ValueError:
     return ValueError(f"{file} is damaged or truncated ({reason}); re-save the checkpoint or download the file again.")
 
 
-def _read_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of one weights file, one tensor at a time, each a private copy the caller may keep."""
+def _read_tensors(file: Path, private: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of one weights file, one tensor at a time, each a private copy the caller may keep.
+
+    `private`: the names that need a copy of their own (None: all); the
+    others may be views of the file, valid until the next tensor is read.
+    """
     if file.suffix == ".safetensors":
         from safetensors import SafetensorError
 
         try:
-            yield from _read_safetensors(file)
+            yield from _read_safetensors(file, private)
         except SafetensorError as error:
             raise _damaged(file, error) from None
         return
@@ -172,38 +176,50 @@ def _libc() -> Any:
 _REOPEN_BYTES = 64 * 2**20
 
 
-def _read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors of a safetensors file, read with pread(2) where safetensors can (no mapping: nothing lingers in RSS).
+def _read_safetensors(file: Path, private: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors of a safetensors file; each one `private` names read into memory of its own, the others mapped.
+
+    Private tensors (the ones that stay in CPU memory, or pass through it to
+    the disk) are read with pread(2) where safetensors can: nothing lingers in
+    resident memory. A tensor bound for a GPU is taken straight from the
+    file's mapping and copied once, to the GPU (reading it into fresh memory
+    first made a GPU load 2.4x slower than Accelerate's on an H200 machine).
 
     Older safetensors only map the file: every page read stays resident
     while the mapping lives, and tensors may be views of it. There each
-    tensor is copied out and the file is reopened every 64 MiB, which
-    bounds what a big shard adds to resident memory.
+    private tensor is copied out and the file is reopened every 64 MiB,
+    which bounds what a big shard adds to resident memory.
     """
     from safetensors import safe_open
 
     try:
-        handle, private = safe_open(str(file), framework="pt", device="cpu", backend="pread"), True
+        handle, own = safe_open(str(file), framework="pt", device="cpu", backend="pread"), True
     except TypeError:  # safetensors < 0.8 has no backend choice
-        handle, private = safe_open(str(file), framework="pt", device="cpu"), False
+        handle, own = safe_open(str(file), framework="pt", device="cpu"), False
+    mapped: Any = None  # the mapping, opened for the first tensor bound for a GPU
     read = 0
     for name in list(handle.keys()):
-        if not private and read >= _REOPEN_BYTES:
+        if private is not None and not private(name):
+            if mapped is None:
+                mapped = safe_open(str(file), framework="pt", device="cpu") if own else handle
+            yield name, mapped.get_tensor(name)
+            continue
+        if not own and read >= _REOPEN_BYTES:
             del handle  # unmaps the file, dropping the pages read so far from this process
             handle, read = safe_open(str(file), framework="pt", device="cpu"), 0
         tensor = handle.get_tensor(name)
-        if not private:
+        if not own:
             tensor = tensor.clone()
         read += tensor.numel() * tensor.element_size()
         yield name, tensor
         del tensor
-    del handle
+    del handle, mapped
 
 
-def _file_tensors(files: list[Path]) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """``(file name, tensor name, tensor)`` of the weight files, one tensor at a time."""
+def _file_tensors(files: list[Path], private: Callable[[str], bool] | None = None) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """``(file name, tensor name, tensor)`` of the weight files, one tensor at a time (`private`: see `_read_tensors`)."""
     for file in files:
-        for name, tensor in _read_tensors(file):
+        for name, tensor in _read_tensors(file, private):
             yield file.name, name, tensor
 
 
@@ -354,7 +370,16 @@ def load_checkpoint_in_model(
         raise ValueError("the device_map sends modules to 'disk' but no offload_folder was given; pass "
                          "offload_folder=<a folder for the offloaded weights>.")
     # resolved now (unless another rank reads them): a bad path fails before anything is written
-    tensors = _broadcast_tensors(checkpoint) if broadcast_from_rank0 else _file_tensors(checkpoint_files(checkpoint))
+    def private(name: str) -> bool:  # False: bound for a GPU, so a view of the file's mapping will do
+        if device_map is None or offload_state_dict:
+            return True
+        device = _device_in_map(name, device_map)
+        if isinstance(device, torch.device):
+            return device.type in ("cpu", "meta")
+        return isinstance(device, str) and (device in ("cpu", "disk", "meta") or device.startswith("cpu"))
+
+    tensors = (_broadcast_tensors(checkpoint) if broadcast_from_rank0
+               else _file_tensors(checkpoint_files(checkpoint), private))
     tied = find_tied_parameters(model)
     if device_map is not None:
         check_tied_parameters_on_same_device(tied, device_map)
