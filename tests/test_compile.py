@@ -117,3 +117,33 @@ def test_whole_compile_trains_as_eager_and_a_compiled_model_is_not_compiled_agai
     assert whole == pytest.approx(eager, abs=1e-6) and model._compiled_call_impl is not None
     already = torch.compile(nn.Linear(2, 2), backend="eager")
     assert Accelerator(cpu=True, dynamo_backend="eager").prepare(already)._orig_mod._compiled_call_impl is None
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_torchs_own_modules_really_compile_whole_and_by_regions():
+    # nn.Module.compile() alone compiles nothing for torch's own classes (dynamo skips their frames)
+    from hasten import Accelerator
+    from hasten.utils import TorchDynamoPlugin
+
+    torch._dynamo.reset()
+    before = _graphs()
+    seq = Accelerator(cpu=True, dynamo_backend="eager").prepare(nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 1)))
+    seq(torch.ones(3, 2)).sum().backward()
+    assert _graphs() == before + 1
+    stack = nn.Sequential(nn.Linear(4, 16), nn.ModuleList(
+        [nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True) for _ in range(6)]))
+    x = torch.randn(2, 5, 4)
+    expected = stack[1][5](stack[1][4](stack[1][3](stack[1][2](stack[1][1](stack[1][0](stack[0](x)))))))
+    plugin = TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+    model = Accelerator(cpu=True, dynamo_plugin=plugin).prepare(stack)
+    before = _graphs()
+    out = model[0](x)
+    for block in model[1]:
+        out = block(out)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert 2 <= _graphs() - before <= 3  # the Linear and the blocks: 6 blocks share one graph (or two)

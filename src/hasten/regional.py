@@ -33,8 +33,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-__all__ = ["compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "has_compiled_regions",
-           "has_repeated_blocks", "is_repeated_blocks"]
+__all__ = ["compile_in_place", "compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2",
+           "has_compiled_regions", "has_repeated_blocks", "is_repeated_blocks"]
 
 
 def _optimized_module() -> type | None:
@@ -119,12 +119,47 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     return compiled
 
 
+def _skipped_by_dynamo(module: nn.Module) -> bool:
+    """True for torch's own modules (nn.Linear, nn.TransformerEncoderLayer...): dynamo does not trace their frames."""
+    try:
+        from torch._dynamo import trace_rules
+    except ImportError:
+        return type(module).__module__.startswith("torch.")
+    return isinstance(module.forward, MethodType) and bool(trace_rules.check(module.forward))
+
+
+def compile_in_place(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """`module.compile(**compile_kwargs)`, which also compiles torch's own module classes; returns `module`.
+
+    `nn.Module.compile` compiles `__call__`, whose frame dynamo skips, and
+    catches the forward frame below it; but dynamo skips the forward of
+    torch's own classes too, so for an `nn.Linear`, an `nn.Sequential` or
+    an `nn.TransformerEncoderLayer` nothing is compiled at all. For those,
+    the call is wrapped in a frame dynamo traces (what `torch.compile(module)`
+    does for them), hooks included.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> compile_in_place(net, backend="eager") is net and net._compiled_call_impl is not None
+        True
+    """
+    if _skipped_by_dynamo(module):
+        from torch._dynamo.external_utils import wrap_inline
+
+        module._compiled_call_impl = torch.compile(wrap_inline(module._call_impl), **compile_kwargs)
+    else:
+        module.compile(**compile_kwargs)
+    return module
+
+
 def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     """Compile the same regions as `compile_regions`, in place (`nn.Module.compile`); returns `module`.
 
     In place, `nn.Module.__call__` still runs each block's hooks (FSDP2's
-    all-gather and reshard, DeepSpeed's), the state dict keys do not change
-    and nothing has to be unwrapped.
+    all-gather and reshard, DeepSpeed's) outside the compiled code, the state
+    dict keys do not change and nothing has to be unwrapped. Unlike the
+    peer's (`nn.Module.compile`, a no-op there), blocks of torch's own
+    classes are compiled too (`compile_in_place`), with their hooks inside.
 
     Example:
         >>> net = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(2)]))
@@ -133,12 +168,12 @@ def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module
     """
     if is_repeated_blocks(module):
         for block in cast(nn.ModuleList, module):
-            block.compile(**compile_kwargs)
+            compile_in_place(block, **compile_kwargs)
     elif has_repeated_blocks(module):
         for child in module.children():
             compile_regions_fsdp2(child, **compile_kwargs)
     else:
-        module.compile(**compile_kwargs)
+        compile_in_place(module, **compile_kwargs)
     return module
 
 

@@ -271,7 +271,7 @@ class PreparePart:
         repeated blocks and the other leaves the same way (`hasten.regional`).
         A model compiled already (by the user, whole or by regions) is left as it is.
         """
-        from ..regional import compile_regions_fsdp2, has_compiled_regions
+        from ..regional import compile_in_place, compile_regions_fsdp2, has_compiled_regions
         from ..unwrap import is_compiled_module
 
         plugin = self.dynamo_plugin
@@ -285,7 +285,7 @@ class PreparePart:
             if plugin.use_regional_compilation:
                 compile_regions_fsdp2(inner, **plugin.to_kwargs())
             else:
-                inner.compile(**plugin.to_kwargs())
+                compile_in_place(inner, **plugin.to_kwargs())
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
         """The user's own module, without DDP (and torch.compile, autocast unless asked to keep them).
