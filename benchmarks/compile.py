@@ -2,6 +2,7 @@
 
     python benchmarks/compile.py            # 3 rounds, 6 blocks of d=128
     python benchmarks/compile.py --quick    # 1 round, 4 blocks
+    python benchmarks/compile.py --blocks 12 --rounds 1
 
 The model is a stack of identical `nn.TransformerEncoderLayer` blocks in an
 `nn.ModuleList` (an embedding before, a head after, no dropout), trained with
@@ -107,6 +108,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 round, a smaller model")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--blocks", type=int, default=None, help="number of blocks (default 6, 4 with --quick)")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -115,6 +117,7 @@ def main() -> int:
         return 0
     size = dict(SIZES["quick" if args.quick else "full"])
     rounds = args.rounds or size["rounds"]
+    size["blocks"] = args.blocks or size["blocks"]
     print(f"compile: {size['blocks']} TransformerEncoderLayer blocks (d={size['width']}, sequence {size['seq']}, "
           f"batch {size['batch']}), AdamW, inductor, 1 thread; {rounds} round(s), cold cache each", flush=True)
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
