@@ -147,3 +147,19 @@ def test_torchs_own_modules_really_compile_whole_and_by_regions():
         out = block(out)
     assert torch.allclose(out, expected, atol=1e-6)
     assert 2 <= _graphs() - before <= 3  # the Linear and the blocks: 6 blocks share one graph (or two)
+
+
+def test_unset_settings_come_from_accelerates_variables_as_in_accelerate(monkeypatch):
+    from accelerate.utils import TorchDynamoPlugin as PeerPlugin
+
+    from hasten import Accelerator
+    from hasten.utils import TorchDynamoPlugin
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "EAGER")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "true")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "false")
+    plugin, peer = Accelerator(cpu=True).dynamo_plugin, PeerPlugin()
+    assert plugin.enabled and plugin.backend.value == peer.backend.value == "EAGER"
+    assert plugin.use_regional_compilation is peer.use_regional_compilation is True
+    assert plugin.dynamic is peer.dynamic is False
+    assert TorchDynamoPlugin(backend="no", use_regional_compilation=False).use_regional_compilation is False

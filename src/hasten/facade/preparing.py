@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..options import DataLoaderConfiguration, DynamoBackend, TorchDynamoPlugin
+from ..options import DataLoaderConfiguration, TorchDynamoPlugin
 from ..runtime.optimizer import AcceleratedOptimizer
 from ..runtime.scheduler import AcceleratedScheduler
 
@@ -54,7 +54,7 @@ def make_dynamo_plugin(dynamo_backend: Any = None, dynamo_plugin: TorchDynamoPlu
         if not isinstance(dynamo_plugin, TorchDynamoPlugin):
             raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got a {type(dynamo_plugin).__name__}.")
         return dynamo_plugin
-    return TorchDynamoPlugin(backend=dynamo_backend if dynamo_backend is not None else DynamoBackend.NO)
+    return TorchDynamoPlugin(backend=dynamo_backend)  # None: ACCELERATE_DYNAMO_BACKEND, else no compile
 
 
 class PreparePart:

@@ -8,13 +8,17 @@ Example:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..environment import str_to_bool
 from .enums import DynamoBackend
 from .kwargs import KwargsHandler
 
 __all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "TorchDynamoPlugin"]
+
+_ENV = "ACCELERATE_DYNAMO_"
 
 
 @dataclass
@@ -27,7 +31,10 @@ class TorchDynamoPlugin(KwargsHandler):
     `no_sync` stay as they were. `use_regional_compilation=True` compiles
     each repeated block (an `nn.ModuleList` of one class) and every other
     leaf part instead of the whole model, also in place (see
-    `hasten.regional`): a much shorter cold start for a transformer.
+    `hasten.regional`): a shorter cold start for a deep transformer. A
+    setting left None is read from the `ACCELERATE_DYNAMO_*` variables
+    (`BACKEND`, `MODE`, `USE_FULLGRAPH`, `USE_DYNAMIC`,
+    `USE_REGIONAL_COMPILATION`) when they are set, as Accelerate does.
 
     Example:
         >>> TorchDynamoPlugin(backend="eager").to_kwargs()
@@ -45,8 +52,16 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
+        # As the peer: a setting left None comes from the ACCELERATE_DYNAMO_* variables `accelerate launch` exports
+        env = {key[len(_ENV):]: value for key, value in os.environ.items() if key.startswith(_ENV)}
         if self.backend is None:
-            self.backend = DynamoBackend.NO
+            self.backend = env.get("BACKEND", DynamoBackend.NO)
+        if self.mode is None and env.get("MODE"):
+            self.mode = env["MODE"]
+        for name, key in (("fullgraph", "USE_FULLGRAPH"), ("dynamic", "USE_DYNAMIC"),
+                          ("use_regional_compilation", "USE_REGIONAL_COMPILATION")):
+            if getattr(self, name) is None and key in env:
+                setattr(self, name, bool(str_to_bool(env[key], to_bool=True)))
         try:
             self.backend = DynamoBackend(str(getattr(self.backend, "value", self.backend)).upper())
         except ValueError:
