@@ -45,6 +45,7 @@ BENCHMARKS = [
     ("deepspeed_steps.py", 3600, 1200, "deepspeed"),
     ("big_model.py", 3600, 1200, None),
     ("faults.py", 1800, 900, None),
+    ("compile.py", 1800, 600, None),
 ]
 PEERS = {"accelerate": "accelerate", "fabric": "lightning"}  # name -> module
 FRAMEWORKS = ["hasten", *PEERS]
@@ -472,6 +473,19 @@ def render(records: list[dict], quick: bool) -> str:
                         "forward tokens/s", "vs all in memory", "max |out diff|", "blocks on disk"], rows)
         if "accelerate" not in [r["name"] for r in big]:
             lines += ["(Accelerate not installed: no Accelerate row.)", ""]
+
+    # torch.compile
+    compiled = [r for r in by(records, "compile") if "steps_s" in r]
+    if compiled:
+        c, pair = compiled[0], next((r for r in by(records, "compile") if "compile_ratio" in r), {})
+        lines += ["## torch.compile: whole model vs regional", "",
+                  (f"{c['blocks']} `nn.TransformerEncoderLayer` blocks (d={c['width']}) trained with AdamW through "
+                   f"hasten on 1 CPU thread, inductor; each variant in a fresh process with a cold cache, median of "
+                   f"{c['rounds']} alternating rounds. *compile*: first step minus a steady step. Regional / whole: "
+                   f"compile time {f(pair.get('compile_ratio'), 3)}, steps/s {f(pair.get('speed_ratio'), 3)}."), ""]
+        rows = [[r["name"], f(r["compile_s"], 2, " s"), f(r["steps_s"], 1), f(r["speed_vs_eager"], 3),
+                 f"{r['loss_diff']:.1e}"] for r in compiled]
+        lines += table(["variant", "compile", "steps/s", "vs eager", "|loss − eager|"], rows)
 
     # checkpoints
     ckpt = by(records, "checkpoint")

@@ -18,6 +18,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .regional import has_compiled_regions
+
 __all__ = ["extract_model_from_parallel", "is_compiled_module"]
 
 
@@ -37,16 +39,21 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
 
     With `keep_torch_compile=True` a compiled wrapper is kept (around the
     unwrapped module); `keep_fp32_wrapper=False` also removes the
-    autocast wrapper hasten put on the forward.
+    autocast wrapper hasten put on the forward. A model made by
+    `compile_regions` counts as compiled: `keep_torch_compile=False` gives
+    back the original it keeps under ``__dict__["_orig_mod"]``.
 
     Example:
         >>> net = torch.nn.Linear(2, 2)
         >>> extract_model_from_parallel(torch.compile(net), keep_torch_compile=False) is net
         True
     """
-    compiled = model if is_compiled_module(model) else None
+    whole = is_compiled_module(model)
+    # compile_regions' result: compiled blocks inside, the original beside them (top level only, as the peer)
+    regions = not whole and "_orig_mod" in model.__dict__ and has_compiled_regions(model)
+    compiled = model if whole or regions else None
     if compiled is not None:
-        model = cast(nn.Module, compiled._orig_mod)
+        model = cast(nn.Module, compiled.__dict__["_orig_mod"] if regions else compiled._orig_mod)
     wrappers: list[type] = [torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel]
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -65,6 +72,9 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
             else:
                 model.forward = original
     if compiled is not None and keep_torch_compile:
-        compiled._orig_mod = model
+        if regions:
+            compiled.__dict__["_orig_mod"] = model
+        else:
+            compiled._orig_mod = model
         return compiled
     return model

@@ -7,6 +7,7 @@ import sys
 
 from .. import __version__
 from . import config_command, env_command, estimate_memory, launch as launch_command, merge_weights, test_command
+from . import to_fsdp2
 from .parsing import ConciseParser, run_command
 
 __all__ = ["ConciseParser", "build_parser", "main"]
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     test_command.add_parser(commands)
     merge_weights.add_parser(commands)
     estimate_memory.add_parser(commands)
+    to_fsdp2.add_parser(commands)
     return parser
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..options import DataLoaderConfiguration, DynamoBackend, TorchDynamoPlugin
+from ..options import DataLoaderConfiguration, TorchDynamoPlugin
 from ..runtime.optimizer import AcceleratedOptimizer
 from ..runtime.scheduler import AcceleratedScheduler
 
@@ -54,7 +54,7 @@ def make_dynamo_plugin(dynamo_backend: Any = None, dynamo_plugin: TorchDynamoPlu
         if not isinstance(dynamo_plugin, TorchDynamoPlugin):
             raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got a {type(dynamo_plugin).__name__}.")
         return dynamo_plugin
-    return TorchDynamoPlugin(backend=dynamo_backend if dynamo_backend is not None else DynamoBackend.NO)
+    return TorchDynamoPlugin(backend=dynamo_backend)  # None: ACCELERATE_DYNAMO_BACKEND, else no compile
 
 
 class PreparePart:
@@ -264,12 +264,28 @@ class PreparePart:
 
     # -- torch.compile ----------------------------------------------------------------------
     def _compile_models(self, models: list[nn.Module]) -> None:
-        """Compile each prepared model in place (`nn.Module.compile`) when a dynamo backend is set."""
+        """Compile each prepared model in place (`nn.Module.compile`) when a dynamo backend is set.
+
+        In place, after the strategy wrapped it: DDP's and FSDP2's hooks
+        still run, the state dict keys stay. Regional compilation compiles the
+        repeated blocks and the other leaves the same way (`hasten.regional`).
+        A model compiled already (by the user, whole or by regions) is left as it is.
+        """
+        from ..regional import compile_in_place, compile_regions_fsdp2, has_compiled_regions
+        from ..unwrap import is_compiled_module
+
         plugin = self.dynamo_plugin
         if not plugin.enabled:
             return
         for model in models:
-            self.strategy.unwrap_model(model).compile(**plugin.to_kwargs())
+            inner = self.strategy.unwrap_model(model)
+            if (is_compiled_module(model) or is_compiled_module(inner) or inner._compiled_call_impl is not None
+                    or has_compiled_regions(inner)):
+                continue
+            if plugin.use_regional_compilation:
+                compile_regions_fsdp2(inner, **plugin.to_kwargs())
+            else:
+                compile_in_place(inner, **plugin.to_kwargs())
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
         """The user's own module, without DDP (and torch.compile, autocast unless asked to keep them).

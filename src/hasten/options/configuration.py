@@ -8,13 +8,17 @@ Example:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..environment import str_to_bool
 from .enums import DynamoBackend
 from .kwargs import KwargsHandler
 
 __all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "TorchDynamoPlugin"]
+
+_ENV = "ACCELERATE_DYNAMO_"
 
 
 @dataclass
@@ -24,11 +28,19 @@ class TorchDynamoPlugin(KwargsHandler):
     `backend` is a `DynamoBackend` or its name in any case ("inductor",
     "eager", ...); "no" turns compilation off. The model is compiled in place
     (`nn.Module.compile`), so its type, its state dict keys and DDP's
-    `no_sync` stay as they were.
+    `no_sync` stay as they were. `use_regional_compilation=True` compiles
+    each repeated block (an `nn.ModuleList` of one class) and every other
+    leaf part instead of the whole model, also in place (see
+    `hasten.regional`): a shorter cold start for a deep transformer. A
+    setting left None is read from the `ACCELERATE_DYNAMO_*` variables
+    (`BACKEND`, `MODE`, `USE_FULLGRAPH`, `USE_DYNAMIC`,
+    `USE_REGIONAL_COMPILATION`) when they are set, as Accelerate does.
 
     Example:
         >>> TorchDynamoPlugin(backend="eager").to_kwargs()
         {'backend': 'eager'}
+        >>> TorchDynamoPlugin(backend="inductor", use_regional_compilation=True).to_kwargs()
+        {'backend': 'inductor'}
     """
 
     backend: DynamoBackend | str | None = None
@@ -40,16 +52,23 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
+        # As the peer: a setting left None comes from the ACCELERATE_DYNAMO_* variables `accelerate launch` exports
+        env = {key[len(_ENV):]: value for key, value in os.environ.items() if key.startswith(_ENV)}
         if self.backend is None:
-            self.backend = DynamoBackend.NO
+            self.backend = env.get("BACKEND", DynamoBackend.NO)
+        if self.mode is None and env.get("MODE"):
+            self.mode = env["MODE"]
+        for name, key in (("fullgraph", "USE_FULLGRAPH"), ("dynamic", "USE_DYNAMIC"),
+                          ("use_regional_compilation", "USE_REGIONAL_COMPILATION")):
+            if getattr(self, name) is None and key in env:
+                setattr(self, name, bool(str_to_bool(env[key], to_bool=True)))
         try:
             self.backend = DynamoBackend(str(getattr(self.backend, "value", self.backend)).upper())
         except ValueError:
             names = ", ".join(b.value.lower() for b in DynamoBackend)
             raise ValueError(f"TorchDynamoPlugin got backend={self.backend!r}; use one of {names}.") from None
-        if self.use_regional_compilation:
-            raise NotImplementedError("TorchDynamoPlugin(use_regional_compilation=True) is not built in hasten; "
-                                      "drop it to compile the whole model.")
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = False
 
     @property
     def enabled(self) -> bool:

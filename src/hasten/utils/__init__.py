@@ -57,10 +57,14 @@ from ..availability import PROBES as _probes
 from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
+    compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
     convert_bytes,
     extract_model_from_parallel,
     get_free_port,
     get_pretty_name,
+    has_compiled_regions,
     is_compiled_module,
     is_port_in_use,
     merge_dicts,
@@ -190,8 +194,12 @@ __all__ = [
     "find_executable_batch_size",
     "release_memory",
     "should_reduce_batch_size",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
     "convert_bytes",
     "extract_model_from_parallel",
+    "has_compiled_regions",
     "get_free_port",
     "get_pretty_name",
     "is_compiled_module",
