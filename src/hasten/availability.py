@@ -37,7 +37,7 @@ PROBES = [
     "is_habana_gaudi1", "is_transformer_engine_mxfp8_available",
 ]
 # Beyond the probes (the peer has them in ``utils.versions``).
-__all__ = [*PROBES, "compare_versions", "is_torch_version"]
+__all__ = [*PROBES, "compare_versions", "is_torch_version", "STR_OPERATION_TO_FUNC"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -256,6 +256,7 @@ def is_weights_only_available() -> bool:
 
 # -- versions ------------------------------------------------------------
 _OPERATIONS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt}
+STR_OPERATION_TO_FUNC = _OPERATIONS  # Accelerate's name for the same table (accelerate.utils.constants)
 
 
 def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:

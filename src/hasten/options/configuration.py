@@ -16,7 +16,9 @@ from ..environment import str_to_bool
 from .enums import DynamoBackend
 from .kwargs import KwargsHandler
 
-__all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "TorchDynamoPlugin"]
+__all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "TorchDynamoPlugin", "TORCH_DYNAMO_MODES"]
+
+TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]  # torch.compile's modes, by Accelerate's name
 
 _ENV = "ACCELERATE_DYNAMO_"
 

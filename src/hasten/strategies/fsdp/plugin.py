@@ -11,11 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["FullyShardedDataParallelPlugin", "SHARDING_STRATEGIES", "STATE_DICT_TYPES", "AUTO_WRAP_POLICIES"]
+__all__ = ["FullyShardedDataParallelPlugin", "SHARDING_STRATEGIES", "STATE_DICT_TYPES", "AUTO_WRAP_POLICIES",
+           "BACKWARD_PREFETCHES", "FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH",
+           "FSDP_STATE_DICT_TYPE"]
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+# Accelerate's lists of the same choices (``accelerate.utils.constants``; transformers validates against them).
+# Its state-dict list also names FSDP1's LOCAL_STATE_DICT, which FSDP2 has no use for.
+FSDP_SHARDING_STRATEGY = list(SHARDING_STRATEGIES)
+FSDP_AUTO_WRAP_POLICY = list(AUTO_WRAP_POLICIES)
+FSDP_BACKWARD_PREFETCH = list(BACKWARD_PREFETCHES)
+FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
 
 
 def _upper(value: Any) -> Any:
