@@ -13,7 +13,19 @@ A word is ``(check number << 32) | signature``, written with one aligned
 8-byte store. Each process has two slots, used alternately by check
 number: a process cannot pass check k before every process has posted k,
 so nobody can overwrite its slot for k (at k + 2) while another still reads
-it. A launcher removes the directories of launchers that were killed
+it.
+
+A small collective of CPU tensors needs no network at all (`share`):
+beside each word a process posts the tensors' bytes (up to `PAYLOAD`
+bytes, with the check number and a CRC-32 of them, written before the
+word), and once every word of the check is there with the same signature,
+each process computes the result (the sum, the concatenation, the
+broadcast source's values) from everybody's bytes. One exchange through
+shared memory replaces the agreement *and* the collective: a gloo
+all-reduce of one float is several thread hand-offs and loopback
+messages. The payload slots alternate like the words, so the same reason
+keeps them from being overwritten while read; the CRC makes a reader that
+sees the word before the bytes (a weakly ordered CPU) read again. A launcher removes the directories of launchers that were killed
 before they could (SIGKILL). Each start of the workers gets a new file (the launcher empties the
 directory before each of its attempts; torch's agent restarts are told
 apart by their restart count), so no stale word passes for a current one.
@@ -35,12 +47,13 @@ from __future__ import annotations
 import mmap
 import os
 import time
+import zlib
 
 from ..errors import CollectiveDeadlock
 from ..launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
 from . import watchdog
 
-__all__ = ["BOARD_DIR_ENV", "Board", "board", "mark_left", "LEFT_REASONS"]
+__all__ = ["BOARD_DIR_ENV", "Board", "board", "mark_left", "LEFT_REASONS", "PAYLOAD"]
 
 _LEFT = 0xFFFFFFFF  # the tag of a process that left: check numbers run 1 .. 2**32 - 2
 # What a process that left did (its code is kept in the word beside its pid).
@@ -48,6 +61,8 @@ LEFT_REASONS = ("left the script", "returned from the launched function", "ended
 
 _SPIN = 50  # yields before the first sleep: processes that arrive together agree in microseconds
 _NAP = 50e-6  # then a poll every 50 µs (more polling only takes the CPU from the late process)
+PAYLOAD = 504  # bytes of tensors a process can post beside its word (`share`); larger collectives use the network
+_SLOT = 8 + PAYLOAD  # a payload slot: (check number << 32) | CRC-32 of the bytes, then the bytes
 
 
 class Board:
@@ -61,7 +76,8 @@ class Board:
     """
 
     def __init__(self, path: str, rank: int, world_size: int, timeout: float) -> None:
-        size = world_size * 2 * 8
+        self._payloads = world_size * 2 * 8  # where the payload slots start, after the words
+        size = self._payloads + world_size * 2 * _SLOT
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.fstat(fd).st_size < size:  # every process may try; a file already grown keeps its words
@@ -79,11 +95,31 @@ class Board:
         Waits at most `timeout` seconds, then raises a RuntimeError saying so
         (the watchdog reports a certain deadlock long before that).
         """
+        return self.share(signature)[0]
+
+    def share(self, signature: int, payload: bytes = b"") -> tuple[list[int] | None, list[bytes]]:
+        """`agree`, with `payload` (at most `PAYLOAD` bytes) posted beside the word: also returns every process's payload.
+
+        The payloads are read only when the signatures agree (an empty list
+        otherwise).
+
+        Example:
+            >>> import tempfile
+            >>> single = Board(os.path.join(tempfile.mkdtemp(), "b"), rank=0, world_size=1, timeout=1.0)
+            >>> single.share(7, b"abc")
+            (None, [b'abc'])
+        """
         # 1, 2, ..., 2**32 - 2, 1, ...: never 0 (a fresh file's zeros are no check's words), and the slots
         # keep alternating across the wrap (the cycle's length is even).
         self._number = self._number % 0xFFFFFFFE + 1
         tag, parity = self._number, self._number & 1
         words = self._words
+        if payload:
+            if len(payload) > PAYLOAD:
+                raise ValueError(f"a board payload holds at most {PAYLOAD} bytes, got {len(payload)}; send it over the network.")
+            start = self._payloads + (2 * self.rank + parity) * _SLOT
+            self._map[start + 8:start + 8 + len(payload)] = payload
+            words[start // 8] = (tag << 32) | zlib.crc32(payload)  # the bytes, then their check, then the word
         words[2 * self.rank + parity] = (tag << 32) | (signature & 0xFFFFFFFF)
         others = range(parity, 2 * self.world_size, 2)
         reads, deadline = 0, None
@@ -106,12 +142,26 @@ class Board:
                                        f"the same collective (check #{tag}).")
                 time.sleep(_NAP)
         signatures = [word & 0xFFFFFFFF for word in seen]
-        if len(set(signatures)) == 1:
-            return None
-        # A difference is re-read once: a word is final once its tag is there, so this rules out a torn read.
-        time.sleep(1e-3)
-        signatures = [words[i] & 0xFFFFFFFF for i in others]
-        return None if len(set(signatures)) == 1 else signatures
+        if len(set(signatures)) != 1:
+            # A difference is re-read once: a word is final once its tag is there, so this rules out a torn read.
+            time.sleep(1e-3)
+            signatures = [words[i] & 0xFFFFFFFF for i in others]
+            if len(set(signatures)) != 1:
+                return signatures, []
+        if not payload:
+            return None, [b""] * self.world_size
+        return None, [self._payload(rank, tag, len(payload)) for rank in range(self.world_size)]
+
+    def _payload(self, rank: int, tag: int, length: int) -> bytes:
+        """`rank`'s payload for check `tag` (the same length as this process's: the signatures agree)."""
+        start = self._payloads + (2 * rank + (tag & 1)) * _SLOT
+        for _ in range(1000):
+            data = self._map[start + 8:start + 8 + length]
+            if self._words[start // 8] == (tag << 32) | zlib.crc32(data):
+                return data
+            time.sleep(0)  # seen before its bytes (a weakly ordered CPU): they are on their way
+        raise RuntimeError(f"rank {rank}'s payload for check #{tag} of the host board never became consistent; "
+                           "report this as a bug in hasten.")
 
     def leave(self, reason: int = 0) -> None:
         """Tell the others this process will post no check again (`reason`: an index into `LEFT_REASONS`).
