@@ -5,6 +5,7 @@ Run it from the repository root (it launches itself on 2 processes):
     python benchmarks/overhead.py            # full run, a few minutes on 2 cores
     python benchmarks/overhead.py --quick    # fewer rounds
     python benchmarks/overhead.py --liveness # only the liveness heartbeat's cost, in more rounds
+    python benchmarks/overhead.py --collectives  # only the gather and small-collective section
 
 Both training loops run in the same 2 processes, their steps interleaved
 (one step of each in turn, each timed alone), so machine noise hits both
@@ -321,7 +322,7 @@ def compare_parameters(kind: str, accumulation: int) -> float:
     return diff
 
 
-def compare_gather(rounds: int) -> float:
+def compare_gather(rounds: int, with_peers: bool = True) -> float:
     import torch
     import torch.distributed as dist
 
@@ -330,7 +331,7 @@ def compare_gather(rounds: int) -> float:
     tensor = torch.randn(1_000_000)
     raw_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gathers = {"raw": None, "hasten": gather}
-    peers = peer_loops()
+    peers = peer_loops() if with_peers else {}  # a peer's gather needs its loop's state, set up by the steps above
     if "accelerate" in peers:  # the state of the loops above (multi-CPU) is still set up
         from accelerate.utils import gather as accelerate_gather
 
@@ -406,6 +407,13 @@ def worker(args: argparse.Namespace) -> None:
     if args.liveness:
         compare_heartbeat(rounds=40, steps=500)
         compare_heartbeat(rounds=40, steps=500, control=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    if args.collectives:
+        if dist.get_rank() == 0:
+            print("-- collectives", flush=True)
+        compare_gather(rounds=15 if args.quick else 60, with_peers=False)
         dist.barrier()
         dist.destroy_process_group()
         return
@@ -543,6 +551,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (noisier)")
     parser.add_argument("--liveness", action="store_true", help="only the heartbeat's cost, in more rounds")
+    parser.add_argument("--collectives", action="store_true", help="only the gather and small-collective costs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -550,6 +559,8 @@ def main() -> int:
         return 0
     if args.liveness:
         return launch_self(__file__, "--worker", "--liveness")
+    if args.collectives:
+        return launch_self(__file__, "--worker", "--collectives", *(["--quick"] if args.quick else []))
     compare_imports(repeats=3 if args.quick else 7)
     return launch_self(__file__, "--worker", *(["--quick"] if args.quick else []))
 
