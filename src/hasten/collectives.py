@@ -316,6 +316,8 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
 def _combine(rows: torch.Tensor, reduction: str) -> torch.Tensor:
     """Reduce every process's values (`rows`, in rank order) the way the all-reduce would, in the tensor's dtype."""
+    if rows.is_complex() and reduction not in ("sum", "mean"):  # what torch.distributed says on the network path
+        raise ValueError(f"all_reduce does not support {getattr(dist.ReduceOp, _REDUCE_OPS[reduction])} on complex tensors")
     out = rows[0].clone()
     for row in rows[1:]:
         if reduction in ("sum", "mean"):
