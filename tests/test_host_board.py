@@ -142,3 +142,29 @@ def test_check_numbers_wrap_without_zero_and_keep_alternating_slots(tmp_path):
         numbers.append(board._number)
     assert numbers == [0xFFFFFFFE, 1, 2, 3]
     assert [n & 1 for n in numbers] == [0, 1, 0, 1]
+
+
+def test_shared_payloads_are_each_processes_own_for_that_check_even_when_one_runs_ahead(tmp_path):
+    """A process posts its next payload while a slow one still reads the last: the alternating slots keep both intact."""
+    two = boards(tmp_path / "words", 2)
+
+    def run(board, rank):
+        seen = []
+        for check in range(300):
+            if check % 5 == rank:
+                time.sleep(0.001)
+            differ, payloads = board.share(check, f"{rank}:{check}".encode() * (1 + check % 40))
+            assert differ is None
+            seen.append(payloads)
+        return seen
+
+    first, second = in_threads([lambda: run(two[0], 0), lambda: run(two[1], 1)])
+    assert first == second
+    assert all(payloads == [f"{r}:{check}".encode() * (1 + check % 40) for r in (0, 1)] for check, payloads in enumerate(first))
+
+
+def test_a_payload_is_not_read_when_the_signatures_differ_and_one_too_large_is_refused(tmp_path):
+    two = boards(tmp_path / "words", 2)
+    assert in_threads([lambda: two[0].share(1, b"ab"), lambda: two[1].share(2, b"abcd")]) == [([1, 2], [])] * 2
+    with pytest.raises(ValueError, match=f"at most {host_board.PAYLOAD} bytes"):
+        two[0].share(3, bytes(host_board.PAYLOAD + 1))

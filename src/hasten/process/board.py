@@ -109,14 +109,14 @@ class Board:
             >>> single.share(7, b"abc")
             (None, [b'abc'])
         """
+        if len(payload) > PAYLOAD:  # refused before the check is counted: the numbers stay in step with the others'
+            raise ValueError(f"a board payload holds at most {PAYLOAD} bytes, got {len(payload)}; send it over the network.")
         # 1, 2, ..., 2**32 - 2, 1, ...: never 0 (a fresh file's zeros are no check's words), and the slots
         # keep alternating across the wrap (the cycle's length is even).
         self._number = self._number % 0xFFFFFFFE + 1
         tag, parity = self._number, self._number & 1
         words = self._words
         if payload:
-            if len(payload) > PAYLOAD:
-                raise ValueError(f"a board payload holds at most {PAYLOAD} bytes, got {len(payload)}; send it over the network.")
             start = self._payloads + (2 * self.rank + parity) * _SLOT
             self._map[start + 8:start + 8 + len(payload)] = payload
             words[start // 8] = (tag << 32) | zlib.crc32(payload)  # the bytes, then their check, then the word
