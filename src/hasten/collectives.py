@@ -142,13 +142,17 @@ def _leaves(data: Any) -> list[torch.Tensor]:
     return found
 
 
+_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (torch.float32, torch.float16, torch.bfloat16,
+                                                                       torch.float64, torch.int64, torch.int32, torch.bool)}
+
+
 def _describe(tensors: list[torch.Tensor], ignore_dim: int | None) -> tuple[Any, ...]:
     described = []
     for t in tensors:
         shape: list[int | str] = list(t.shape)
         if ignore_dim is not None and -t.ndim <= ignore_dim < t.ndim:
             shape[ignore_dim % t.ndim] = "*"
-        described.append((tuple(shape), str(t.dtype).replace("torch.", "")))
+        described.append((tuple(shape), _DTYPE_NAMES.get(t.dtype) or str(t.dtype).replace("torch.", "")))
     return tuple(described)
 
 
@@ -202,6 +206,17 @@ def _agree(operation: str, tensors: list[torch.Tensor], ignore_dim: int | None =
     raise CollectiveShapeMismatch(f"{operation} needs the same shape and dtype on every process, got {listing}; {hint}.")
 
 
+_gloo: tuple[Any, bool] = (None, False)  # (the default group, whether its backend is gloo): asked once per group
+
+
+def _on_gloo() -> bool:
+    global _gloo
+    group = dist.GroupMember.WORLD
+    if _gloo[0] is not group:
+        _gloo = (group, dist.get_backend() == "gloo")
+    return _gloo[1]
+
+
 _ALIGN = 16  # each tensor's bytes start at a multiple of this in a payload (the largest element: complex128)
 
 
@@ -212,7 +227,7 @@ def _exchange(operation: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]
     (world size, *tensor's shape), on the CPU. Only under gloo: NCCL's
     tensors stay on their device.
     """
-    if host_board.board() is None or dist.get_backend() != "gloo":
+    if not _on_gloo() or host_board.board() is None:
         return None
     spans, offset = [], 0
     for t in tensors:
@@ -222,7 +237,8 @@ def _exchange(operation: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]
         return None
     parts = []
     for t in tensors:
-        data = t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
+        flat = t.detach().reshape(-1)  # a copy when not contiguous
+        data = (flat if flat.device.type == "cpu" else flat.cpu()).view(torch.uint8).numpy().tobytes()
         parts.append(data + bytes(-len(data) % _ALIGN))
     payloads = _agree(operation, tensors, payload=b"".join(parts) or b"\0")
     assert payloads is not None
