@@ -51,7 +51,7 @@ import zlib
 
 from ..errors import CollectiveDeadlock
 from ..launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
-from . import watchdog
+from . import futex, watchdog
 
 __all__ = ["BOARD_DIR_ENV", "Board", "board", "mark_left", "LEFT_REASONS", "PAYLOAD"]
 
@@ -61,6 +61,8 @@ LEFT_REASONS = ("left the script", "returned from the launched function", "ended
 
 _SPIN = 50  # yields before the first sleep: processes that arrive together agree in microseconds
 _NAP = 50e-6  # then a poll every 50 µs (more polling only takes the CPU from the late process)
+_BUSY = 20e-6  # with futexes: re-read this long without a system call, then sleep until the late one posts
+_SLEEP = 0.05  # the longest futex sleep: the deadline and the words of processes that left are looked at in between
 PAYLOAD = 504  # bytes of tensors a process can post beside its word (`share`); larger collectives use the network
 _SLOT = 8 + PAYLOAD  # a payload slot: (check number << 32) | CRC-32 of the bytes, then the bytes
 
@@ -86,6 +88,7 @@ class Board:
         finally:
             os.close(fd)
         self._words = memoryview(self._map).cast("Q")
+        self._base = futex.address(self._map) if futex.available else 0
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self._number = 0
 
@@ -121,14 +124,25 @@ class Board:
             self._map[start + 8:start + 8 + len(payload)] = payload
             words[start // 8] = (tag << 32) | zlib.crc32(payload)  # the bytes, then their check, then the word
         words[2 * self.rank + parity] = (tag << 32) | (signature & 0xFFFFFFFF)
+        if self._base:
+            futex.wake(self._tag_address(2 * self.rank + parity))
         others = range(parity, 2 * self.world_size, 2)
-        reads, deadline = 0, None
+        reads, deadline, busy = 0, None, 0.0
         while True:
             seen = [words[i] for i in others]
             if all(word >> 32 == tag for word in seen):
                 break
             reads += 1
-            if reads <= _SPIN:
+            if self._base:  # sleep in the kernel on the first late process's word: its post wakes this one
+                now = time.monotonic()
+                busy = busy or now + _BUSY
+                if now < busy:
+                    continue
+                first = next(r for r, word in enumerate(seen) if word >> 32 != tag)
+                if seen[first] >> 32 != _LEFT:
+                    futex.wait(self._tag_address(2 * first + parity), seen[first] >> 32,
+                               _SLEEP if deadline is None else max(0.0, min(_SLEEP, deadline - now)))
+            if reads <= _SPIN and not self._base:
                 os.sched_yield()  # a late process on the same core runs now; on a free core this returns at once
             else:
                 now = time.monotonic()
@@ -137,10 +151,11 @@ class Board:
                 if deadline is None:
                     deadline = now + self.timeout
                 elif now > deadline:
-                    late = [r for r, word in enumerate(seen) if word >> 32 != tag]
-                    raise RuntimeError(f"timed out after {self.timeout:g} s waiting for rank(s) {late} to reach "
+                    missing = [r for r, word in enumerate(seen) if word >> 32 != tag]
+                    raise RuntimeError(f"timed out after {self.timeout:g} s waiting for rank(s) {missing} to reach "
                                        f"the same collective (check #{tag}).")
-                time.sleep(_NAP)
+                if not self._base:
+                    time.sleep(_NAP)
         signatures = [word & 0xFFFFFFFF for word in seen]
         if len(set(signatures)) != 1:
             # A difference is re-read once: a word is final once its tag is there, so this rules out a torn read.
@@ -172,6 +187,12 @@ class Board:
         """
         following = (self._number % 0xFFFFFFFE + 1) & 1  # the slot of the next check, which nobody reads yet
         self._words[2 * self.rank + following] = (_LEFT << 32) | (reason << 24) | (os.getpid() & 0xFFFFFF)
+        if self._base:
+            futex.wake(self._tag_address(2 * self.rank + following))  # a process asleep on that word
+
+    def _tag_address(self, index: int) -> int:
+        """The address of word `index`'s upper half (its check number; little-endian), the futex slept on."""
+        return self._base + 8 * index + 4
 
     def _left(self, seen: list[int]) -> None:
         import socket
