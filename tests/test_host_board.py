@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hasten.launch.leftovers import empty, shared_directory  # the launcher's side of the board
-from hasten.process import board as host_board
+from hasten.process import board as host_board, futex
 from hasten.process.board import Board
 
 
@@ -168,3 +168,24 @@ def test_a_payload_is_not_read_when_the_signatures_differ_and_one_too_large_is_r
     assert in_threads([lambda: two[0].share(1, b"ab"), lambda: two[1].share(2, b"abcd")]) == [([1, 2], [])] * 2
     with pytest.raises(ValueError, match=f"at most {host_board.PAYLOAD} bytes"):
         two[0].share(3, bytes(host_board.PAYLOAD + 1))
+
+
+@pytest.mark.skipif(not futex.available, reason="futexes: Linux on x86-64 or arm64")
+def test_a_process_waiting_for_a_late_one_sleeps_and_wakes_at_its_post(tmp_path):
+    two = boards(tmp_path / "words", 2)
+    posted = []
+
+    def waiter():
+        cpu = time.thread_time()
+        outcome = two[0].agree(1)
+        return outcome, time.thread_time() - cpu, time.monotonic()
+
+    def late():
+        time.sleep(0.5)
+        posted.append(time.monotonic())
+        return two[1].agree(1)
+
+    (outcome, cpu, returned), _ = in_threads([waiter, late])
+    assert outcome is None
+    assert cpu < 0.1, f"the waiting process used {cpu:.3f} s of CPU in 0.5 s: it polled instead of sleeping"
+    assert returned - posted[0] < 0.04  # woken by the post, not by its 50 ms sleep running out

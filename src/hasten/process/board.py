@@ -25,7 +25,12 @@ shared memory replaces the agreement *and* the collective: a gloo
 all-reduce of one float is several thread hand-offs and loopback
 messages. The payload slots alternate like the words, so the same reason
 keeps them from being overwritten while read; the CRC makes a reader that
-sees the word before the bytes (a weakly ordered CPU) read again. A launcher removes the directories of launchers that were killed
+sees the word before the bytes (a weakly ordered CPU) read again.
+
+A process whose peers are late re-reads for 20 µs, then sleeps in the
+kernel on the first late one's word (`futex`), and each post wakes whoever
+sleeps on it: polling (yielding the core, napping 50 µs) cost hundreds of
+microseconds on a loaded machine. Without futexes the board polls. A launcher removes the directories of launchers that were killed
 before they could (SIGKILL). Each start of the workers gets a new file (the launcher empties the
 directory before each of its attempts; torch's agent restarts are told
 apart by their restart count), so no stale word passes for a current one.
