@@ -237,7 +237,7 @@ def _exchange(operation: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]
         return None
     parts = []
     for t in tensors:
-        flat = t.detach().reshape(-1)  # a copy when not contiguous
+        flat = t.detach().reshape(-1).contiguous()  # a 1-D strided tensor stays strided through reshape
         data = (flat if flat.device.type == "cpu" else flat.cpu()).view(torch.uint8).numpy().tobytes()
         parts.append(data + bytes(-len(data) % _ALIGN))
     payloads = _agree(operation, tensors, payload=b"".join(parts) or b"\0")
