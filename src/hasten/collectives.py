@@ -142,17 +142,13 @@ def _leaves(data: Any) -> list[torch.Tensor]:
     return found
 
 
-_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (torch.float32, torch.float16, torch.bfloat16,
-                                                                       torch.float64, torch.int64, torch.int32, torch.bool)}
-
-
 def _describe(tensors: list[torch.Tensor], ignore_dim: int | None) -> tuple[Any, ...]:
     described = []
     for t in tensors:
         shape: list[int | str] = list(t.shape)
         if ignore_dim is not None and -t.ndim <= ignore_dim < t.ndim:
             shape[ignore_dim % t.ndim] = "*"
-        described.append((tuple(shape), _DTYPE_NAMES.get(t.dtype) or str(t.dtype).replace("torch.", "")))
+        described.append((tuple(shape), str(t.dtype).replace("torch.", "")))
     return tuple(described)
 
 
