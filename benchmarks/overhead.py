@@ -5,17 +5,18 @@ Run it from the repository root (it launches itself on 2 processes):
     python benchmarks/overhead.py            # full run, a few minutes on 2 cores
     python benchmarks/overhead.py --quick    # fewer rounds
     python benchmarks/overhead.py --liveness # only the liveness heartbeat's cost, in more rounds
+    python benchmarks/overhead.py --collectives  # only the gather and small-collective section
 
 Both training loops run in the same 2 processes, their steps interleaved
 (one step of each in turn, each timed alone), so machine noise hits both
 alike; the reported ratio is the median over rounds of (hasten steps/s) /
-(raw steps/s). The raw loop is what a
-careful user writes by hand: DistributedSampler, DDP, `no_sync` on
-accumulation steps, `torch.autocast` around the forward.
+(raw steps/s). The raw loop is what a careful user writes by hand:
+DistributedSampler, DDP, `no_sync` on accumulation steps, `torch.autocast`.
 
 Targets: steps/s ratio >= 0.99; fp32 parameters equal to the raw loop's
-(max |diff| <= 1e-6); gather of 1M floats <= 1.1x raw all-gather;
-`from hasten import Accelerator` <= 1.05x `import torch`. The liveness
+(max |diff| <= 1e-6); gather of 1M floats <= 1.1x raw all-gather; reduce of
+1 float <= 1.2x raw all-reduce (shape check included); `from hasten import
+Accelerator` <= 1.05x `import torch`. The liveness
 heartbeat (a thread of every launched process, so it runs under both
 loops) is measured apart: the raw loop's speed with it on and off.
 
@@ -38,12 +39,10 @@ import gc
 import importlib.util
 import resource
 import statistics
-import subprocess
-import sys
 import time
-from typing import Any
 
 from _launch import launch_self
+from _overhead_parts import compare_imports, compare_small_collective, rotations, run_loop
 from _results import record
 
 
@@ -208,21 +207,6 @@ def peer_loops() -> dict:
     return loops
 
 
-def run_loop(steps_of_a_loop) -> Any:
-    """Drive a loop's step generator to the end; returns what it returns (the trained model)."""
-    while True:
-        try:
-            next(steps_of_a_loop)
-        except StopIteration as finished:
-            return finished.value
-
-
-def rotations(names: list[str], index: int) -> list[str]:
-    """Round `index`'s order: rotated by one each round (for two loops: AB, BA, AB, ...)."""
-    shift = index % len(names)
-    return names[shift:] + names[:shift]
-
-
 PRECISION_NAMES = {"no": "fp32", "bf16": "bf16"}
 
 
@@ -321,7 +305,7 @@ def compare_parameters(kind: str, accumulation: int) -> float:
     return diff
 
 
-def compare_gather(rounds: int) -> float:
+def compare_gather(rounds: int, with_peers: bool = True) -> float:
     import torch
     import torch.distributed as dist
 
@@ -330,7 +314,7 @@ def compare_gather(rounds: int) -> float:
     tensor = torch.randn(1_000_000)
     raw_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gathers = {"raw": None, "hasten": gather}
-    peers = peer_loops()
+    peers = peer_loops() if with_peers else {}  # a peer's gather needs its loop's state, set up by the steps above
     if "accelerate" in peers:  # the state of the loops above (multi-CPU) is still set up
         from accelerate.utils import gather as accelerate_gather
 
@@ -371,28 +355,7 @@ def compare_gather(rounds: int) -> float:
             record("gather", "all-gather of 1M floats", framework=name, rounds=rounds,
                    raw_ms=statistics.median(raw_times) * 1e3, ms=statistics.median(times[name]) * 1e3, ratio=peer_ratio,
                    ok=(peer_ratio <= 1.1) if name == "hasten" else None)
-    # The fixed cost per explicit collective (mismatch check + watchdog mark), on the smallest input.
-    from hasten.utils import reduce
-
-    tiny = torch.ones(1)
-    raw_small, hasten_small = [], []
-    for _ in range(rounds):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(50):
-            dist.all_reduce(tiny.clone())
-        raw_small.append((time.perf_counter() - start) / 50)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(50):
-            reduce(tiny)
-        hasten_small.append((time.perf_counter() - start) / 50)
-    if dist.get_rank() == 0:
-        raw_us, hasten_us = statistics.median(raw_small) * 1e6, statistics.median(hasten_small) * 1e6
-        print(f"reduce of 1 float  raw {raw_us:7.1f} us   hasten {hasten_us:7.1f} us   added per explicit collective "
-              f"{hasten_us - raw_us:.1f} us (the shape check; on one machine a shared-memory board)", flush=True)
-        record("gather", "reduce of 1 float", framework="hasten", rounds=rounds, raw_us=raw_us, us=hasten_us,
-               added_us=hasten_us - raw_us)
+    compare_small_collective(rounds)
     return ratio
 
 
@@ -403,9 +366,14 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     # The raw baseline creates the process group itself; hasten adopts it.
     dist.init_process_group("gloo")
-    if args.liveness:
-        compare_heartbeat(rounds=40, steps=500)
-        compare_heartbeat(rounds=40, steps=500, control=True)
+    if args.liveness or args.collectives:  # one section alone
+        if args.liveness:
+            compare_heartbeat(rounds=40, steps=500)
+            compare_heartbeat(rounds=40, steps=500, control=True)
+        else:
+            if dist.get_rank() == 0:
+                print("-- collectives", flush=True)
+            compare_gather(rounds=15 if args.quick else 60, with_peers=False)
         dist.barrier()
         dist.destroy_process_group()
         return
@@ -502,47 +470,11 @@ def compare_heartbeat(rounds: int, steps: int, control: bool = False) -> float:
     return ratio
 
 
-# ---------------------------------------------------------------------------- import time (fresh interpreters)
-def import_seconds(statement: str) -> float:
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", statement], check=True)
-    return time.perf_counter() - start
-
-
-def compare_imports(repeats: int) -> None:
-    statements = {
-        "import torch": "import torch",
-        "import hasten": "import hasten",
-        "from hasten import Accelerator": "from hasten import Accelerator",
-    }
-    if importlib.util.find_spec("accelerate") is not None:  # peers, when installed here
-        statements["import accelerate"] = "import accelerate"
-        statements["from accelerate import Accelerator"] = "from accelerate import Accelerator"
-    if importlib.util.find_spec("lightning") is not None:
-        statements["from lightning.fabric import Fabric"] = "from lightning.fabric import Fabric"
-    import_seconds("import torch")  # warm the page cache
-    times = {name: [] for name in statements}
-    for _ in range(repeats):
-        for name, statement in statements.items():
-            times[name].append(import_seconds(statement))
-    base = statistics.median(times["import torch"])
-    print(f"-- import time, fresh interpreter, median of {repeats}")
-    for name, samples in times.items():
-        ratio = statistics.median(samples) / base
-        framework = next(f for f in ("torch", "hasten", "accelerate", "fabric") if f in name.replace("lightning", "fabric"))
-        if framework in ("hasten", "torch"):
-            verdict = "" if name == "import torch" else ("ok" if ratio <= 1.05 else "ABOVE 1.05")
-        else:
-            verdict = "(peer)"
-        print(f"{name:<32} {statistics.median(samples) * 1e3:7.0f} ms   ratio to import torch {ratio:.3f}  {verdict}")
-        record("import", name, framework=framework, repeats=repeats, ms=statistics.median(samples) * 1e3,
-               ratio=ratio, ok=(ratio <= 1.05) if framework == "hasten" else None)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (noisier)")
     parser.add_argument("--liveness", action="store_true", help="only the heartbeat's cost, in more rounds")
+    parser.add_argument("--collectives", action="store_true", help="only the gather and small-collective costs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -550,6 +482,8 @@ def main() -> int:
         return 0
     if args.liveness:
         return launch_self(__file__, "--worker", "--liveness")
+    if args.collectives:
+        return launch_self(__file__, "--worker", "--collectives", *(["--quick"] if args.quick else []))
     compare_imports(repeats=3 if args.quick else 7)
     return launch_self(__file__, "--worker", *(["--quick"] if args.quick else []))
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hasten.launch.leftovers import empty, shared_directory  # the launcher's side of the board
-from hasten.process import board as host_board
+from hasten.process import board as host_board, futex
 from hasten.process.board import Board
 
 
@@ -142,3 +142,50 @@ def test_check_numbers_wrap_without_zero_and_keep_alternating_slots(tmp_path):
         numbers.append(board._number)
     assert numbers == [0xFFFFFFFE, 1, 2, 3]
     assert [n & 1 for n in numbers] == [0, 1, 0, 1]
+
+
+def test_shared_payloads_are_each_processes_own_for_that_check_even_when_one_runs_ahead(tmp_path):
+    """A process posts its next payload while a slow one still reads the last: the alternating slots keep both intact."""
+    two = boards(tmp_path / "words", 2)
+
+    def run(board, rank):
+        seen = []
+        for check in range(300):
+            if check % 5 == rank:
+                time.sleep(0.001)
+            differ, payloads = board.share(check, f"{rank}:{check}".encode() * (1 + check % 40))
+            assert differ is None
+            seen.append(payloads)
+        return seen
+
+    first, second = in_threads([lambda: run(two[0], 0), lambda: run(two[1], 1)])
+    assert first == second
+    assert all(payloads == [f"{r}:{check}".encode() * (1 + check % 40) for r in (0, 1)] for check, payloads in enumerate(first))
+
+
+def test_a_payload_is_not_read_when_the_signatures_differ_and_one_too_large_is_refused(tmp_path):
+    two = boards(tmp_path / "words", 2)
+    assert in_threads([lambda: two[0].share(1, b"ab"), lambda: two[1].share(2, b"abcd")]) == [([1, 2], [])] * 2
+    with pytest.raises(ValueError, match=f"at most {host_board.PAYLOAD} bytes"):
+        two[0].share(3, bytes(host_board.PAYLOAD + 1))
+
+
+@pytest.mark.skipif(not futex.available, reason="futexes: Linux on x86-64 or arm64")
+def test_a_process_waiting_for_a_late_one_sleeps_and_wakes_at_its_post(tmp_path):
+    two = boards(tmp_path / "words", 2)
+    posted = []
+
+    def waiter():
+        cpu = time.thread_time()
+        outcome = two[0].agree(1)
+        return outcome, time.thread_time() - cpu, time.monotonic()
+
+    def late():
+        time.sleep(0.5)
+        posted.append(time.monotonic())
+        return two[1].agree(1)
+
+    (outcome, cpu, returned), _ = in_threads([waiter, late])
+    assert outcome is None
+    assert cpu < 0.1, f"the waiting process used {cpu:.3f} s of CPU in 0.5 s: it polled instead of sleeping"
+    assert returned - posted[0] < 0.04  # woken by the post, not by its 50 ms sleep running out

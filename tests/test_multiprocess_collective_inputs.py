@@ -55,4 +55,29 @@ def test_mismatches_raise_one_sentence_on_every_rank_without_debug_mode(ranks):
     assert "rank 0: (3,) float32" in errors["dtype"] and "rank 1: (3,) float64" in errors["dtype"]
     assert errors["different_ops"].startswith("CollectiveOrderMismatch: the processes called different collectives: "
                                               f"rank 0 in gather at mp_collective_inputs.py:{ops}, rank 1 in reduce")
+    assert "rank 0: (4,) float32" in errors["small_and_large"] and "rank 1: (200,) float32" in errors["small_and_large"]
+    assert errors["pad_and_gather"].startswith("CollectiveOrderMismatch: the processes called different collectives: "
+                                               "rank 0 in pad_across_processes")
     assert ranks[0]["after"] == [0, 1]  # the process group still works after the errors
+
+
+def test_every_dtype_and_size_gives_the_all_reduce_result_on_both_paths(ranks):
+    """The board computes small results itself; they must be what torch.distributed gives (the all-reduce path)."""
+    assert ranks[0]["kinds"] == ranks[1]["kinds"]
+    kinds = ranks[0]["kinds"]
+    assert kinds["torch.bfloat16"] == [str(x) for x in ([3.0, 4.0], [2.0, 2.0], [1.0, 2.0, 2.0, 2.0], [2.0, 2.0])]
+    assert kinds["torch.int8"] == [str(x) for x in ([3, 4], [2, 2], [1, 2, 2, 2], [2, 2])]
+    assert kinds["torch.complex64"][0] == str([(3 + 0j), (4 + 0j)])
+    assert kinds["complex max"] == "all_reduce does not support RedOpType.MAX on complex tensors"
+    assert kinds["torch.bool"] == [str(x) for x in ([True, True], [True, True], [True, True, True, True], [True, True])]
+    for count in (126, 127, 300):
+        assert ranks[0][f"sum_{count}"] == ranks[1][f"sum_{count}"] == [3.0 * i for i in range(count)]
+        assert ranks[0][f"gather_{count}"] == float(count)
+    assert ranks[0]["pad_nested"] == ranks[1]["pad_nested"] == [[2, 2], [3, 4], []]
+
+
+def test_small_collectives_on_one_machine_make_no_network_call(ranks):
+    if ranks[0]["path"] == "board":
+        assert ranks[0]["network_calls"] == ranks[1]["network_calls"] == []
+    else:
+        assert ranks[0]["network_calls"].count("all_reduce") == 5  # 4 checks + the reduce itself

@@ -38,6 +38,31 @@ column += rank + 5
 result["broadcast"] = broadcast(column, from_process=1).tolist()
 result["pad"] = pad_across_processes(torch.ones(rank + 1, 2, requires_grad=True)).shape[0]
 
+# every dtype through the small path (on one machine: the board's shared memory) and past its size limit
+kinds = {}
+for dtype in (torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int64, torch.complex64, torch.bool):
+    value = torch.tensor([rank + 1, 2], dtype=torch.float64).to(dtype)
+    largest = reduce(value, "max").tolist() if not dtype.is_complex else None  # torch refuses MAX on complex
+    kinds[str(dtype)] = [str(x) for x in (reduce(value, "sum").tolist(), largest, gather(value).tolist(),
+                                          broadcast(value.clone(), from_process=1).tolist())]
+try:
+    reduce(torch.ones(1, dtype=torch.complex64), "max")
+except ValueError as error:
+    kinds["complex max"] = str(error)
+result["kinds"] = kinds
+for count in (126, 127, 300):  # 504 bytes: the largest payload the board carries; the others take the network
+    result[f"sum_{count}"] = reduce(torch.arange(count, dtype=torch.float32) * (rank + 1), "sum").tolist()
+    result[f"gather_{count}"] = gather(torch.full((count,), float(rank))).sum().item()
+result["pad_nested"] = [list(t.shape) for t in pad_across_processes(
+    [torch.ones(2, rank + 1), torch.ones(3, rank + 3), torch.tensor(1.0)], dim=1)]
+calls, originals = [], {name: getattr(torch.distributed, name) for name in ("all_reduce", "broadcast", "all_gather_object")}
+for name, original in originals.items():
+    setattr(torch.distributed, name, lambda *a, _original=original, _name=name, **k: (calls.append(_name), _original(*a, **k))[1])
+reduce(torch.ones(3)), gather(torch.ones(3)), broadcast(torch.ones(3)), pad_across_processes(torch.ones(rank + 1))
+for name, original in originals.items():
+    setattr(torch.distributed, name, original)
+result["network_calls"] = calls
+
 # mismatches, without debug mode: one clear error on every rank
 errors = {}
 cases = {
@@ -45,6 +70,8 @@ cases = {
     "different_count": lambda: gather(torch.zeros(4) if rank == 0 else torch.zeros(5)),
     "dtype": lambda: reduce(torch.zeros(3) if rank == 0 else torch.zeros(3, dtype=torch.float64)),
     "different_ops": lambda: gather(torch.zeros(2)) if rank == 0 else reduce(torch.zeros(2)),
+    "small_and_large": lambda: reduce(torch.zeros(4) if rank == 0 else torch.zeros(200)),  # board values vs network
+    "pad_and_gather": lambda: pad_across_processes(torch.zeros(2)) if rank == 0 else gather(torch.zeros(2)),
 }
 for name, call in cases.items():
     try:

@@ -3,7 +3,8 @@
 - `group`: the process group: create it (or adopt the user's), the exit
   barrier, and leaving it cleanly.
 - `exit`: how a process reports a failure (its rank, the user's frames, torchelastic's error file) and ends.
-- `board`: the shared-memory mismatch check of the processes of one machine.
+- `board`: the shared-memory mismatch check of the processes of one machine (and its small collectives).
+- `futex`: sleeping until a word of shared memory changes (the board's waits, on Linux).
 - `watchdog`: where each process waits; a certain deadlock ends the run in seconds.
 - `lifetime`: the process dies with its launcher (Linux's parent-death signal).
 
