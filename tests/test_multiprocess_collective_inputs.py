@@ -81,3 +81,13 @@ def test_small_collectives_on_one_machine_make_no_network_call(ranks):
         assert ranks[0]["network_calls"] == ranks[1]["network_calls"] == []
     else:
         assert ranks[0]["network_calls"].count("all_reduce") == 5  # 4 checks + the reduce itself
+
+
+def test_reduce_of_floats_on_three_processes_is_the_all_reduce_bit_for_bit(tmp_path):
+    """On 3+ processes a float sum goes over the network: its order, and so its last bit, is gloo's (Accelerate's)."""
+    launch("mp_reduce_order.py", str(tmp_path), num_processes=3)
+    results = results_by_rank(tmp_path)
+    assert sorted(results) == [0, 1, 2]
+    for seen in results.values():
+        assert seen["ours"] == seen["raw"]
+        assert seen["ints"] == [3, 6]
