@@ -56,7 +56,7 @@ import zlib
 
 from ..errors import CollectiveDeadlock
 from ..launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
-from . import futex, watchdog
+from . import watchdog
 
 __all__ = ["BOARD_DIR_ENV", "Board", "board", "mark_left", "LEFT_REASONS", "PAYLOAD"]
 
@@ -93,6 +93,9 @@ class Board:
         finally:
             os.close(fd)
         self._words = memoryview(self._map).cast("Q")
+        from . import futex  # ctypes, only once a board exists (not at `import hasten`)
+
+        self._futex = futex
         self._base = futex.address(self._map) if futex.available else 0
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self._number = 0
@@ -130,7 +133,7 @@ class Board:
             words[start // 8] = (tag << 32) | zlib.crc32(payload)  # the bytes, then their check, then the word
         words[2 * self.rank + parity] = (tag << 32) | (signature & 0xFFFFFFFF)
         if self._base:
-            futex.wake(self._tag_address(2 * self.rank + parity))
+            self._futex.wake(self._tag_address(2 * self.rank + parity))
         others = range(parity, 2 * self.world_size, 2)
         reads, deadline, busy = 0, None, 0.0
         while True:
@@ -145,7 +148,7 @@ class Board:
                     continue
                 first = next(r for r, word in enumerate(seen) if word >> 32 != tag)
                 if seen[first] >> 32 != _LEFT:
-                    futex.wait(self._tag_address(2 * first + parity), seen[first] >> 32,
+                    self._futex.wait(self._tag_address(2 * first + parity), seen[first] >> 32,
                                _SLEEP if deadline is None else max(0.0, min(_SLEEP, deadline - now)))
             if reads <= _SPIN and not self._base:
                 os.sched_yield()  # a late process on the same core runs now; on a free core this returns at once
@@ -193,7 +196,7 @@ class Board:
         following = (self._number % 0xFFFFFFFE + 1) & 1  # the slot of the next check, which nobody reads yet
         self._words[2 * self.rank + following] = (_LEFT << 32) | (reason << 24) | (os.getpid() & 0xFFFFFF)
         if self._base:
-            futex.wake(self._tag_address(2 * self.rank + following))  # a process asleep on that word
+            self._futex.wake(self._tag_address(2 * self.rank + following))  # a process asleep on that word
 
     def _tag_address(self, index: int) -> int:
         """The address of word `index`'s upper half (its check number; little-endian), the futex slept on."""
