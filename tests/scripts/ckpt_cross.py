@@ -118,3 +118,5 @@ if phase == "train":
     report["sub_files"] = {d: sorted(os.listdir(out / "ckpt" / d)) for d in report["files"] if (out / "ckpt" / d).is_dir()}
 (out / f"{library}_{phase}_rank{rank}.json").write_text(json.dumps(report))
 accelerator.end_training()
+if torch.distributed.is_initialized():  # Accelerate never destroys its group, and gloo may abort at exit when one outlives the script
+    torch.distributed.destroy_process_group()
