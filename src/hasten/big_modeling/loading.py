@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import mmap
 import os
 import pickle
@@ -26,12 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .filenames import (
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-)
+from .filenames import checkpoint_files
 from ..logging import get_logger
 from .offload import load_offloaded_weights, offload_weight, save_offload_index
 from .sizes import (
@@ -47,49 +41,6 @@ from .sizes import (
 __all__ = ["checkpoint_files", "load_checkpoint_in_model"]
 
 logger = get_logger(__name__)
-
-
-def checkpoint_files(checkpoint: str | os.PathLike[str]) -> list[Path]:
-    """The weight files of `checkpoint`: a weights file, an ``*.index.json`` of shards, or a folder holding either.
-
-    In a folder, safetensors wins over torch files and an index over a
-    single file (`save_model` never leaves both). Every shard an index
-    names must exist.
-
-    Example:
-        >>> import tempfile
-        >>> from hasten.checkpointing.model_files import write_model_files
-        >>> folder = tempfile.mkdtemp(); _ = write_model_files({"w": torch.ones(1)}, folder)
-        >>> [p.name for p in checkpoint_files(folder)]
-        ['model.safetensors']
-    """
-    path = Path(checkpoint)
-    if path.is_dir():
-        for name in (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME):
-            if (path / name).is_file():
-                return checkpoint_files(path / name)
-        indexes = sorted(path.glob("*.index.json"))
-        if len(indexes) == 1:
-            return checkpoint_files(indexes[0])
-        found = f"several index files ({', '.join(p.name for p in indexes)}); delete the stale ones" if indexes else "no weights"
-        raise ValueError(f"{path} holds {found}: expected {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, {WEIGHTS_NAME} "
-                         f"or {WEIGHTS_INDEX_NAME}.")
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: give a weights file, an .index.json or a folder holding them.")
-    if not path.name.endswith(".json"):
-        return [path]
-    try:
-        weight_map = json.loads(path.read_text(encoding="utf-8"))
-        weight_map = weight_map.get("weight_map", weight_map)
-        shards = [path.parent / name for name in dict.fromkeys(weight_map.values())]
-    except (ValueError, AttributeError, TypeError):
-        raise ValueError(f"{path} is not a checkpoint index (JSON with a 'weight_map' of tensor -> shard file); "
-                         "re-save the checkpoint or download it again.") from None
-    for shard in shards:
-        if not shard.is_file():
-            raise FileNotFoundError(f"shard {shard.name} listed in {path.name} is missing from {path.parent}; download or "
-                                    "copy it again (or re-save the checkpoint).")
-    return shards
 
 
 def _damaged(file: Path, error: BaseException) -> ValueError:
