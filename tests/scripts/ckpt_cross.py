@@ -118,5 +118,10 @@ if phase == "train":
     report["sub_files"] = {d: sorted(os.listdir(out / "ckpt" / d)) for d in report["files"] if (out / "ckpt" / d).is_dir()}
 (out / f"{library}_{phase}_rank{rank}.json").write_text(json.dumps(report))
 accelerator.end_training()
-if torch.distributed.is_initialized():  # Accelerate never destroys its group, and gloo may abort at exit when one outlives the script
-    torch.distributed.destroy_process_group()
+if library == "accelerate":
+    # Accelerate's gloo group sometimes aborts the interpreter's teardown ("terminate called without an active
+    # exception", seen in CI twice, with and without destroy_process_group). The report above is all the test
+    # reads, and no collective follows it, so the peer leaves without the teardown. hasten's run exits normally.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
