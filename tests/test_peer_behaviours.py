@@ -150,3 +150,33 @@ def test_api_coverage_finds_the_names_a_script_uses():
         "accelerate.__version__", "accelerate.Accelerator.backward", "accelerate.Accelerator.state.mixed_precision"}
     assert coverage.resolve("accelerate.utils.DistributedType.XLA", "hasten")
     assert not coverage.resolve("accelerate.utils.no_such_name", "hasten")
+
+
+def test_small_accelerator_facts_match_accelerates():
+    import accelerate
+
+    from hasten import Accelerator
+    from hasten.utils import extract_model_from_parallel
+
+    ours, theirs = Accelerator(cpu=True), accelerate.Accelerator(cpu=True)
+    for name in ("multi_device", "is_fsdp2", "should_save_model", "deepspeed_plugin"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    spread = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    for device_map, expected in (({"0": "cpu", "1": "disk"}, True), ({"": "cpu"}, False)):
+        spread.hf_device_map = device_map
+        assert ours.verify_device_map(spread) is theirs.verify_device_map(spread) is expected
+    with pytest.raises(ValueError, match="needs a LOMO or AdaLomo optimizer"):
+        ours.lomo_backward(torch.ones(()), 0.1)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    def nested():
+        return torch.nn.Sequential(Wrapper(Wrapper(torch.nn.Linear(2, 2))), torch.nn.ReLU())
+
+    mine, peers = extract_model_from_parallel(nested(), recursive=True), accelerate.utils.extract_model_from_parallel(
+        nested(), recursive=True)
+    assert repr(mine) == repr(peers) and isinstance(mine[0], torch.nn.Linear)
+    assert isinstance(extract_model_from_parallel(nested())[0], Wrapper)  # not recursive by default

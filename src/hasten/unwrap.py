@@ -34,8 +34,13 @@ def is_compiled_module(module: Any) -> bool:
     return compiled is not None and isinstance(module, compiled.OptimizedModule)
 
 
-def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+                                recursive: bool = False) -> nn.Module:
     """The user's module inside DDP / FSDP / DeepSpeed / `torch.compile` wrappers.
+
+    `recursive=True` also replaces, throughout the module tree, every child
+    that holds its real module as ``.module`` (a wrapper put around a
+    submodule) by that module, as Accelerate's does.
 
     With `keep_torch_compile=True` a compiled wrapper is kept (around the
     unwrapped module); `keep_fp32_wrapper=False` also removes the
@@ -63,6 +68,8 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
         pass
     while isinstance(model, tuple(wrappers)) or type(model).__name__ == "DeepSpeedEngine":
         model = cast(nn.Module, model.module)
+    if recursive:
+        model = _unwrap_children(model)
     if not keep_fp32_wrapper:
         forward = vars(model).get("forward")
         original = getattr(forward, "__wrapped_forward__", None)
@@ -78,3 +85,14 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
             compiled._orig_mod = model
         return compiled
     return model
+
+
+def _unwrap_children(module: nn.Module) -> nn.Module:
+    """`module` without any `.module` wrapper, its children unwrapped in place (depth first)."""
+    while isinstance(getattr(module, "module", None), nn.Module):
+        module = module.module
+    for name, child in list(module.named_children()):
+        inner = _unwrap_children(child)
+        if inner is not child:
+            setattr(module, name, inner)
+    return module

@@ -8,7 +8,7 @@ read those lists.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Callable, TypeGuard
 
 import torch
 from torch import nn
@@ -213,15 +213,46 @@ class PreparePart:
             return prepared
         return self._setup([model], [device_placement], [])[0][0]
 
+    def verify_device_map(self, model: nn.Module) -> bool:
+        """True when `model` (or a submodule) was dispatched over several devices by big-model loading (an `hf_device_map` of 2+ entries).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).verify_device_map(torch.nn.Linear(2, 2))
+            False
+        """
+        return any(len(getattr(m, "hf_device_map", None) or ()) > 1 for m in model.modules())
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward and update in one pass for prepared LOMO / AdaLomo optimizers (the `lomo-optim` package).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).lomo_backward(torch.ones(()), 0.1)
+            Traceback (most recent call last):
+            ...
+            ValueError: lomo_backward needs a LOMO or AdaLomo optimizer passed to prepare(); none was prepared, so call accelerator.backward(loss) instead.
+        """
+        if learning_rate is None:
+            raise ValueError("lomo_backward needs the learning rate; pass learning_rate=<float>.")
+        lomo = [opt.optimizer for opt in self._optimizers if type(opt.optimizer).__name__ in ("Lomo", "AdaLomo")]
+        if not lomo:
+            raise ValueError("lomo_backward needs a LOMO or AdaLomo optimizer passed to prepare(); none was prepared, "
+                             "so call accelerator.backward(loss) instead.")
+        for optimizer in lomo:
+            optimizer.fused_backward(loss, learning_rate)
+
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
         """Wrap the optimizer so it steps only on synchronising steps, through the strategy (and fp16 scaler)."""
         self._refuse_prepared(optimizer)
         return self._setup([], [], [optimizer])[1][0]
 
-    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Callable[..., Any] | None = None) -> PreparedDataLoader:
         """Shard the loader across processes and move its batches to the device (see `hasten.data`).
 
-        A loader that is already prepared is returned unchanged.
+        A loader that is already prepared is returned unchanged. `slice_fn_for_dispatch`
+        cuts each process's part out of a dispatched batch (with ``dispatch_batches=True``).
         """
         if _is_prepared_loader(data_loader):
             return data_loader
@@ -246,6 +277,7 @@ class PreparePart:
             non_blocking=self._non_blocking,
             gradient_state=self.gradient_state,
             keyed_shuffle=self.keyed_shuffle,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
         )
         self._dataloaders.append(prepared)
         self._remember(data_loader, prepared)

@@ -71,6 +71,45 @@ class ProcessPart:
         """True when more than one process runs (collectives go over a process group)."""
         return self.state.use_distributed
 
+    @property
+    def multi_device(self) -> bool:
+        """True when several accelerator devices (GPUs) train together; False on CPU processes and on one device.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).multi_device
+            False
+        """
+        return self.use_distributed and str(self.state.distributed_type) == "MULTI_GPU"
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The `DeepSpeedPlugin` this run uses (None without DeepSpeed)."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when models are sharded by FSDP2 (every FSDP run in hasten).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).is_fsdp2
+            False
+        """
+        return self.state.is_fsdp2
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process takes part in saving the model: True on every process, as in Accelerate 1.15.
+
+        Accelerate's (commented-out) plan is to skip the replicas of an N-D mesh;
+        its 1.15 returns True whenever a `parallelism_config` is set, else
+        `is_local_main_process`, and so does hasten.
+        """
+        if self.state.parallelism_config is None:
+            return self.state.is_local_main_process
+        return True
+
     # -- collectives ---------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors (in nested structures) from all processes along dim 0."""

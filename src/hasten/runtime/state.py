@@ -364,6 +364,11 @@ class AcceleratorState(PartialState):
         return self._fact("parallelism_config")
 
     @property
+    def is_fsdp2(self) -> bool:
+        """True when the run is sharded by FSDP; hasten's FSDP is always FSDP2 (``fully_shard``), even for fsdp_version=1."""
+        return str(self.distributed_type) == "FSDP"
+
+    @property
     def dynamo_plugin(self) -> Any:
         return self._fact("dynamo_plugin")
 
