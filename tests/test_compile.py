@@ -163,3 +163,32 @@ def test_unset_settings_come_from_accelerates_variables_as_in_accelerate(monkeyp
     assert plugin.use_regional_compilation is peer.use_regional_compilation is True
     assert plugin.dynamic is peer.dynamic is False
     assert TorchDynamoPlugin(backend="no", use_regional_compilation=False).use_regional_compilation is False
+
+
+def test_launch_compile_flags_reach_the_scripts_accelerator_as_under_accelerate_launch(tmp_path):
+    """`hasten launch --dynamo_backend ...` (or a config file's dynamo_config) compiles as `accelerate launch` does."""
+    import json
+
+    from conftest import launch
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os, sys, torch\nfrom hasten import Accelerator\n"
+        "accelerator = Accelerator(cpu=True)\nmodel = accelerator.prepare(torch.nn.Linear(2, 2))\n"
+        "plugin = accelerator.dynamo_plugin\n"
+        "print(json.dumps({'env': {k: v for k, v in os.environ.items() if k.startswith('ACCELERATE_DYNAMO_')},"
+        " 'backend': plugin.backend.value, 'mode': plugin.mode, 'regional': plugin.use_regional_compilation,"
+        " 'compiled': model._compiled_call_impl is not None}))\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("use_cpu: true\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: reduce-overhead\n")
+    flags = ("--config_file", str(config), "--dynamo_backend", "eager", "--dynamo_use_regional_compilation")
+    seen = json.loads(launch(script, num_processes=1, launch_args=flags).stdout.strip().splitlines()[-1])
+    assert seen["env"] == {"ACCELERATE_DYNAMO_BACKEND": "EAGER", "ACCELERATE_DYNAMO_MODE": "reduce-overhead",
+                           "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False", "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+                           "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "True"}  # the flag beat the file's backend
+    assert (seen["backend"], seen["mode"], seen["regional"]) == ("EAGER", "reduce-overhead", True)
+    plain = json.loads(launch(script, num_processes=1, launch_args=("--cpu",)).stdout.strip().splitlines()[-1])
+    assert plain["env"]["ACCELERATE_DYNAMO_BACKEND"] == "NO" and not plain["compiled"]
+    config.write_text("use_cpu: true\ndynamo_config:\n  dynamo_backend: turbo\n")
+    refused = launch(script, num_processes=1, launch_args=("--config_file", str(config)), check=False)
+    assert refused.returncode != 0 and "dynamo_backend 'turbo' is not a torch.compile backend" in refused.stderr

@@ -468,6 +468,7 @@ NOT_A_FLAG_OF_ITS_OWN = {
     "distributed_type": "follows from --multi_cpu / --multi_gpu / --use_deepspeed / --use_fsdp / --cpu",
     "deepspeed_config": "each DeepSpeedConfig key is its own flag (checked below)",
     "fsdp_config": "each FSDPConfig key is its own flag (checked below)",
+    "dynamo_config": "each key is its own --dynamo_* flag, as in accelerate launch (tests/test_compile.py)",
     "compute_environment": "describes the file only; nothing at launch depends on it",
     "main_training_function": "read by notebook launches, not by `hasten launch`",
 }

@@ -161,7 +161,8 @@ class LaunchConfig:
     # Accepted for compatibility with files from the peer tool; hasten does not use them.
     enable_cpu_affinity: bool = option(False, "pin processes to CPU cores", ignored=True)
     downcast_bf16: bool = option(False, "TPU only", ignored=True)
-    dynamo_config: dict = option({}, "torch.compile settings", ignored=True)
+    dynamo_config: dict = option({}, "torch.compile settings (dynamo_backend, dynamo_mode, dynamo_use_fullgraph, "
+                                     "dynamo_use_dynamic, dynamo_use_regional_compilation)")
     fp8_config: dict = option({}, "FP8 settings", ignored=True)
     megatron_lm_config: dict = option({}, "Megatron-LM settings", ignored=True)
     parallelism_config: dict = option({}, "N-D parallelism settings", ignored=True)

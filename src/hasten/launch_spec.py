@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, fields
-from typing import Mapping
+from typing import Any, Mapping
 
 __all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
            "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
@@ -146,6 +146,28 @@ def _env_value(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def dynamo_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A config file's `dynamo_config` as the launch spec carries it; None when it compiles nothing.
+
+    Example:
+        >>> dynamo_settings({"dynamo_backend": "inductor"})["backend"]
+        'INDUCTOR'
+        >>> dynamo_settings({"dynamo_backend": "no"}) is None
+        True
+    """
+    known = {"dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+             "dynamo_use_regional_compilation"}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"dynamo_config has unknown key(s) {', '.join(unknown)}; the keys are {', '.join(sorted(known))}.")
+    backend = str(config.get("dynamo_backend") or "no").upper()
+    if backend == "NO":
+        return None
+    return {"backend": backend, "mode": config.get("dynamo_mode") or "default",
+            **{key: bool(config.get(f"dynamo_{key}") or False)
+               for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")}}
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What `hasten launch` decided, as seen by each process.
@@ -162,6 +184,7 @@ class LaunchSpec:
     gradient_accumulation_steps: int | None = None
     deepspeed: dict | None = None  # DeepSpeedConfig fields, when the run uses DeepSpeed
     fsdp: dict | None = None  # FSDPConfig fields, when the run uses FSDP
+    dynamo: dict | None = None  # torch.compile settings (`dynamo_settings`), when the launch compiles
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
     max_restarts: int = 0
@@ -195,13 +218,13 @@ class LaunchSpec:
         out = {
             "ACCELERATE_MIXED_PRECISION": self.mixed_precision or "no",
             "ACCELERATE_USE_CPU": str(self.cpu),
-            # hasten launch never compiles the model itself (a script passes dynamo_backend to its Accelerator)
-            "ACCELERATE_DYNAMO_BACKEND": "NO",
-            "ACCELERATE_DYNAMO_MODE": "default",
-            "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
-            "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
-            "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
         }
+        # Accelerator() without dynamo_backend reads these (TorchDynamoPlugin), as under the peer's launcher
+        dynamo = self.dynamo or {"backend": "NO", "mode": "default", "use_fullgraph": False, "use_dynamic": False,
+                                 "use_regional_compilation": False}
+        out.update({"ACCELERATE_DYNAMO_BACKEND": dynamo["backend"], "ACCELERATE_DYNAMO_MODE": dynamo["mode"]})
+        out.update({f"ACCELERATE_DYNAMO_{key.upper()}": str(dynamo[key])
+                    for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")})
         if self.debug:
             out["ACCELERATE_DEBUG_MODE"] = "true"
         if self.gradient_accumulation_steps is not None:

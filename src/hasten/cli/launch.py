@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from ..launch_spec import AS_ACCELERATE_ENV
+from ..launch_spec import AS_ACCELERATE_ENV, dynamo_settings
 from ..config import (
     ConfigError,
     DeepSpeedConfig,
@@ -66,6 +66,23 @@ def _add_field_flag(group: Any, f: dataclasses.Field, dest: str) -> None:
     group.add_argument(*names, **kwargs)
 
 
+def _add_dynamo_flags(group: Any) -> None:
+    """Accelerate's compile flags; they fill the config file's `dynamo_config` (dest ``dynamo:<key>``)."""
+    from ..options.enums import DynamoBackend
+
+    group.add_argument("--dynamo_backend", "--dynamo-backend", dest="dynamo:dynamo_backend", default=None,
+                       type=str.lower, choices=[b.value.lower() for b in DynamoBackend],
+                       help="compile every prepared model with this torch.compile backend ('no': do not compile)")
+    group.add_argument("--dynamo_mode", "--dynamo-mode", dest="dynamo:dynamo_mode", default=None,
+                       choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                       help="torch.compile mode")
+    for name, text in (("use_fullgraph", "one graph for the whole model (fullgraph=True)"),
+                       ("use_dynamic", "dynamic shapes (dynamic=True)"),
+                       ("use_regional_compilation", "compile each repeated block instead of the whole model")):
+        group.add_argument(f"--dynamo_{name}", f"--dynamo-{name.replace('_', '-')}", dest=f"dynamo:dynamo_{name}",
+                           default=None, action=argparse.BooleanOptionalAction, help=text)
+
+
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "launch",
@@ -93,6 +110,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         for f in dataclasses.fields(schema):
             if f.name != "gradient_accumulation_steps":  # the general flag (above) also feeds DeepSpeed
                 _add_field_flag(group, f, f"{prefix}:{f.name}")
+    _add_dynamo_flags(parser.add_argument_group("torch.compile (read by Accelerator() through ACCELERATE_DYNAMO_*)"))
     other = parser.add_argument_group("output")
     other.add_argument("--dry_run", "--dry-run", action="store_true", help="print the command and launch spec, start nothing")
     other.add_argument("-q", "--quiet", action="store_true", help="only the script's own output and errors")
@@ -121,6 +139,9 @@ def resolve_config(args: argparse.Namespace) -> LaunchConfig:
                 flag = f"--{next(iter(options))}"
                 raise ConfigError(f"{flag} is a {'DeepSpeed' if prefix == 'ds' else 'FSDP'} option; add --{switch}.")
             data[section] = {**(data.get(section) or {}), **options}
+    dynamo = {key.split(":", 1)[1]: value for key, value in given.items() if key.startswith("dynamo:")}
+    if dynamo:
+        data["dynamo_config"] = {**(data.get("dynamo_config") or {}), **dynamo}
     if data.get("use_deepspeed") and args.gradient_accumulation_steps is not None:
         data["deepspeed_config"] = {**(data.get("deepspeed_config") or {}),
                                     "gradient_accumulation_steps": args.gradient_accumulation_steps}
@@ -156,6 +177,13 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
     if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
         raise ConfigError(f"--gradient_accumulation_steps must be at least 1, got {args.gradient_accumulation_steps}.")
     _check_precision(config)
+    dynamo = dynamo_settings(config.dynamo_config)
+    if dynamo is not None:
+        from ..options.enums import DynamoBackend
+
+        if dynamo["backend"] not in {b.value for b in DynamoBackend}:
+            raise ConfigError(f"dynamo_backend {dynamo['backend'].lower()!r} is not a torch.compile backend Accelerate "
+                              f"names; use one of {', '.join(b.value.lower() for b in DynamoBackend)}.")
     spec = LaunchSpec(
         mixed_precision=config.mixed_precision,
         cpu=config.use_cpu,
@@ -163,6 +191,7 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         deepspeed=dataclasses.asdict(config.deepspeed) if config.use_deepspeed else None,
         fsdp=dataclasses.asdict(config.fsdp) if config.use_fsdp else None,
+        dynamo=dynamo,
     )
     return LaunchPlan(
         target=args.script,
