@@ -90,7 +90,7 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
 def _unwrap_children(module: nn.Module) -> nn.Module:
     """`module` without any `.module` wrapper, its children unwrapped in place (depth first)."""
     while isinstance(getattr(module, "module", None), nn.Module):
-        module = module.module
+        module = cast(nn.Module, module.module)
     for name, child in list(module.named_children()):
         inner = _unwrap_children(child)
         if inner is not child:

@@ -235,7 +235,7 @@ class PreparePart:
         """
         if learning_rate is None:
             raise ValueError("lomo_backward needs the learning rate; pass learning_rate=<float>.")
-        lomo = [opt.optimizer for opt in self._optimizers if type(opt.optimizer).__name__ in ("Lomo", "AdaLomo")]
+        lomo: list[Any] = [opt.optimizer for opt in self._optimizers if type(opt.optimizer).__name__ in ("Lomo", "AdaLomo")]
         if not lomo:
             raise ValueError("lomo_backward needs a LOMO or AdaLomo optimizer passed to prepare(); none was prepared, "
                              "so call accelerator.backward(loss) instead.")
