@@ -155,3 +155,14 @@ def test_failure_summary_wording():
     assert failure_summary(exited, 2) == "hasten launch: rank 0 of 2 exited with code 1; 1 other rank(s) ended too: 1."
     killed = {1: _Failure("Signal 9", 5, exitcode=-9)}
     assert "rank 1 of 2 was killed by SIGKILL (out of memory?)." in failure_summary(killed, 2)
+
+
+def test_config_keys_hasten_does_not_use_are_named_not_silently_dropped(script, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("use_cpu: true\nnum_processes: 1\ntpu_name: pod-1\ndowncast_bf16: false\n")
+    result = hasten("launch", "--config_file", str(config), str(script))
+    assert result.returncode == 0 and "SCRIPT-RAN" in result.stdout
+    notes = [line for line in result.stderr.splitlines() if "is not used by hasten" in line]
+    assert notes == ["hasten launch: note: the config file's tpu_name (TPU only) is not used by hasten; "
+                     "remove it from the file to silence this note."]  # downcast_bf16 holds its default: no note
+    assert "not used" not in hasten("launch", "-q", "--config_file", str(config), str(script)).stderr

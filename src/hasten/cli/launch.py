@@ -16,6 +16,7 @@ from ..config import (
     LaunchConfig,
     config_fields,
     default_config_path,
+    default_of,
     field_type,
     from_dict,
     load_config,
@@ -246,6 +247,17 @@ def main(argv: list[str]) -> int:
     return run_command(parser, ["launch", *argv])
 
 
+def unused_settings(config: LaunchConfig) -> list[tuple[str, str]]:
+    """Compatibility keys of the config file that hold a value hasten does not use: (name, what it is for).
+
+    Example:
+        >>> unused_settings(from_dict({"tpu_name": "pod-1"}, source="example"))
+        [('tpu_name', 'TPU only')]
+    """
+    return [(f.name, f.metadata["help"]) for f in config_fields(LaunchConfig, include_ignored=True)
+            if f.metadata["ignored"] and getattr(config, f.name) != default_of(f)]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `hasten launch` for parsed arguments."""
     from ..launch.plan import LaunchError
@@ -256,6 +268,10 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, LaunchError) as error:
         sys.stderr.write(f"hasten launch: error: {error}\n")
         return 2
+    if not args.quiet:
+        for name, help_text in unused_settings(config):
+            sys.stderr.write(f"hasten launch: note: the config file's {name} ({help_text}) is not used by hasten; "
+                             f"remove it from the file to silence this note.\n")
     if args.dry_run:
         print(plan.describe())
         return 0
@@ -268,4 +284,4 @@ def run(args: argparse.Namespace) -> int:
     return execute(plan)
 
 
-__all__ = ["add_parser", "resolve_config", "build_plan", "main"]
+__all__ = ["add_parser", "resolve_config", "build_plan", "unused_settings", "main"]
