@@ -432,6 +432,9 @@ def test_disk_weights_go_file_to_file_byte_for_byte(tmp_path, monkeypatch, kerne
     load_offloaded_weights(model, index, tmp_path / "off")
     for name, tensor in original.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)
+    shard = tmp_path / "ckpt" / "model.safetensors"  # a file that ends before the tensor does: EOFError, not a short .dat
+    with pytest.raises(EOFError, match="ends 8 bytes before the tensor"):
+        offload_module.offload_file_range(shard, 0, shard.stat().st_size + 8, torch.uint8, [1], "cut", tmp_path / "off")
 
 
 def test_load_without_device_map_fills_in_place_or_materialises_meta(tmp_path):

@@ -87,7 +87,7 @@ def offload_file_range(source: str | os.PathLike[str], offset: int, nbytes: int,
 
     The same ``.dat`` and index entry as `offload_weight` gives the tensor,
     without reading it into memory: the kernel copies the bytes
-    (copy_file_range, else pread/write in 64 MiB pieces). The bytes must be
+    (copy_file_range, else read/write in 64 MiB pieces). The bytes must be
     C-order and in this machine's byte order, as safetensors files hold them.
 
     Example:
@@ -130,7 +130,8 @@ def _copy_range(reader: int, offset: int, nbytes: int, writer: int) -> None:
                 kernel = None  # not between these files (another filesystem, an old kernel): copy through memory
         if count == 0:  # copy_file_range refused, or returned nothing (some filesystems do): through memory
             kernel = None
-            piece = os.pread(reader, min(nbytes - done, _PIECE_BYTES), offset + done)
+            os.lseek(reader, offset + done, os.SEEK_SET)  # lseek + read, not pread: Windows has no pread
+            piece = os.read(reader, min(nbytes - done, _PIECE_BYTES))
             if not piece:
                 raise EOFError(f"the file ends {nbytes - done} bytes before the tensor at offset {offset} does")
             view, count = memoryview(piece), len(piece)
