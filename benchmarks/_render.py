@@ -105,11 +105,13 @@ def render(records: list[dict], quick: bool) -> str:
               "do not edit by hand, run the command again. Raw figures: `results.jsonl`; chart: `results.png`."), ""]
     if quick:
         lines += ["**Quick mode** (`--quick`): fewer rounds and smaller models; noisier, not the figures to quote.", ""]
-    if meta.get("only") and meta.get("kept", {}).get("scripts"):
-        kept = meta["kept"]
+    origins = meta.get("kept") or []
+    origins = [origins] if isinstance(origins, dict) else origins  # one origin: results.jsonl written before 2026-11-26
+    if meta.get("only") and any(o.get("scripts") for o in origins):
         lines += [f"**Partly rerun**: {', '.join(meta['only'])} on {meta.get('date')} (commit "
-                  f"{meta.get('hasten_commit')}); {', '.join(kept['scripts'])} are from the run of {kept['date']} "
-                  f"(commit {kept['commit']}, `{kept['command']}`).", ""]
+                  f"{meta.get('hasten_commit')}); " + "; ".join(
+                      f"{', '.join(o['scripts'])} are from the run of {o['date']} (commit {o['commit']}, `{o['command']}`)"
+                      for o in origins if o.get("scripts")) + ".", ""]
     elif meta.get("only"):
         lines += [f"**Partial run**: only {', '.join(meta['only'])}.", ""]
     lines += ["hasten against raw PyTorch (what a careful user writes by hand: DDP + DistributedSampler + `no_sync` + "

@@ -146,8 +146,14 @@ def merge(new: list[dict], old: list[dict], rerun: set[str]) -> list[dict]:
     """
     kept: list[dict] = []
     group: list[dict] = []
-    names: list[str] = []
     old_meta = next((r for r in old if r["section"] == "_meta"), {})
+    # where each kept script's figures come from: the previous run, or the older run that one kept them from
+    origins = [{"scripts": [], "date": old_meta.get("date"), "commit": old_meta.get("hasten_commit"),
+                "command": old_meta.get("command")}]
+    earlier = old_meta.get("kept") or []
+    origins += [{**o, "scripts": []} for o in ([earlier] if isinstance(earlier, dict) else earlier)]
+    earlier_of = {name: i + 1 for i, o in enumerate([earlier] if isinstance(earlier, dict) else earlier)
+                  for name in o.get("scripts", ())}
     for record in old:
         if record["section"] == "_meta":
             continue
@@ -155,11 +161,10 @@ def merge(new: list[dict], old: list[dict], rerun: set[str]) -> list[dict]:
         if record["section"] == "_run":
             if record["name"] not in rerun:
                 kept += group
-                names.append(record["name"])
+                origins[earlier_of.get(record["name"], 0)]["scripts"].append(record["name"])
             group = []
     meta = next(r for r in new if r["section"] == "_meta")
-    meta["kept"] = {"scripts": names, "date": old_meta.get("date"), "commit": old_meta.get("hasten_commit"),
-                    "command": old_meta.get("command")}
+    meta["kept"] = [o for o in origins if o["scripts"]]
     return new + kept
 
 

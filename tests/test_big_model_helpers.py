@@ -399,25 +399,25 @@ def test_tensors_bound_for_a_gpu_come_from_the_mapping_and_the_rest_are_private(
         asked.append(name)
         return name.startswith("cpu")
 
-    read = dict(loading._read_safetensors(tmp_path / "model.safetensors", private))
+    read = dict(loading.read_safetensors(tmp_path / "model.safetensors", private))
     assert sorted(asked) == sorted(weights)
     assert all(torch.equal(read[name], weights[name]) for name in weights)
     # the device map decides: an int or "cuda:N" device is a GPU (mapped); cpu, disk and meta are private
     model = torch.nn.Module()
     model.gpu, model.cpu = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False)
     seen = {}
-    original = loading._read_safetensors
+    original = loading.read_safetensors
 
-    def spy(file, private=None):
+    def spy(file, private=None, raw=None):
         seen.update({name: private(name) for name in weights})
-        yield from original(file, private)
+        yield from original(file, private, raw)
 
-    loading._read_safetensors = spy
+    loading.read_safetensors = spy
     try:
         try:  # without a GPU, placing on device 0 fails after the reading decided; with one it loads
             loading.load_checkpoint_in_model(model, str(tmp_path), device_map={"gpu": 0, "cpu": "cpu"})
         except (RuntimeError, AssertionError, ValueError):
             assert not torch.cuda.is_available()
     finally:
-        loading._read_safetensors = original
+        loading.read_safetensors = original
     assert seen == {"gpu.weight": False, "cpu.weight": True}

@@ -398,6 +398,45 @@ def test_load_offloads_buffers_casts_dtype_and_keeps_fp32_modules(tmp_path):
     torch.testing.assert_close(model.blocks[2].fc2.weight, original.blocks[2].fc2.weight.half(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kernel", [True, False])
+def test_disk_weights_go_file_to_file_byte_for_byte(tmp_path, monkeypatch, kernel):
+    """A safetensors tensor bound for disk in its own dtype is copied file to file, never through offload_weight."""
+    import errno
+
+    from hasten.big_modeling import loading
+    from hasten.big_modeling import offload as offload_module
+
+    original = toy(seed=3)
+    original.norm.to(torch.bfloat16)  # a dtype NumPy lacks: its .dat holds the bits, the index names bfloat16
+    write_model_files(original.state_dict(), tmp_path / "ckpt")
+    with torch.device("meta"):
+        model = Toy()
+    model.norm.to(torch.bfloat16)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a disk-bound tensor in its own dtype went through memory")
+
+    monkeypatch.setattr(loading, "offload_weight", refuse)
+    if not kernel:  # another filesystem (EXDEV) or no copy_file_range: pread/write in small pieces, same bytes
+        def cross_device(*args):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "copy_file_range", cross_device, raising=False)
+        monkeypatch.setattr(offload_module, "_PIECE_BYTES", 1000)
+    load_checkpoint_in_model(model, tmp_path / "ckpt", device_map=DISK_MAP, offload_folder=tmp_path / "off", strict=True)
+    index = json.loads((tmp_path / "off" / "index.json").read_text())
+    assert index["norm.weight"] == {"dtype": "bfloat16", "shape": [16]} and len(index) == 10
+    for name in index:
+        expected = original.state_dict()[name].contiguous().view(torch.uint8).numpy().tobytes()
+        assert (tmp_path / "off" / f"{name}.dat").read_bytes() == expected
+    load_offloaded_weights(model, index, tmp_path / "off")
+    for name, tensor in original.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)
+    shard = tmp_path / "ckpt" / "model.safetensors"  # a file that ends before the tensor does: EOFError, not a short .dat
+    with pytest.raises(EOFError, match="ends 8 bytes before the tensor"):
+        offload_module.offload_file_range(shard, 0, shard.stat().st_size + 8, torch.uint8, [1], "cut", tmp_path / "off")
+
+
 def test_load_without_device_map_fills_in_place_or_materialises_meta(tmp_path):
     original = toy(seed=3)
     state = {k: v for k, v in original.state_dict().items() if k != "head.weight"}  # stored once, as HF does for ties

@@ -299,7 +299,10 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     `device_map` is a dict or one of "auto", "balanced", "balanced_low_0",
     "sequential": the strings infer one from `max_memory` ("auto"/"balanced"
     first balance the memory over several GPUs). Weights are loaded one tensor
-    at a time; those mapped to "disk" go to `offload_folder`.
+    at a time; those mapped to "disk" go to `offload_folder`. The CPU ones go
+    straight to their place unless `offload_state_dict` is True (where
+    Accelerate's default, None, parks them on disk when some modules go
+    there: with one tensor in memory at a time nothing needs parking).
     `full_state_dict` and `broadcast_from_rank0` (rank 0 alone reads the
     files and broadcasts them) are as in `load_checkpoint_in_model`.
 
@@ -323,8 +326,9 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
         device_map = cast(dict[str, int | str | torch.device], infer_auto_device_map(
             model, max_memory=budgets, no_split_module_classes=no_split_module_classes, dtype=dtype,
             offload_buffers=offload_buffers))
-    if offload_state_dict is None and device_map is not None and "disk" in device_map.values():
-        offload_state_dict = True
+    # Accelerate parks the CPU weights on disk by default when some go there, so that a whole shard in memory beside
+    # them fits; hasten reads one tensor at a time, so parking would only write and read 1x the CPU weights again
+    # (it was 60% of a disk-offloading load). offload_state_dict=True still parks them.
     load_checkpoint_in_model(model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
                              offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
                              full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0)

@@ -20,14 +20,15 @@ import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
 
 from .filenames import checkpoint_files
 from ..logging import get_logger
-from .offload import load_offloaded_weights, offload_weight, save_offload_index
+from .offload import load_offloaded_weights, offload_file_range, offload_weight, save_offload_index
+from .safetensors_reading import FileRange, read_safetensors
 from .sizes import (
     _device_in_map,
     _owner,
@@ -48,17 +49,19 @@ def _damaged(file: Path, error: BaseException) -> ValueError:
     return ValueError(f"{file} is damaged or truncated ({reason}); re-save the checkpoint or download the file again.")
 
 
-def _read_tensors(file: Path, private: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def _read_tensors(file: Path, private: Callable[[str], bool] | None = None,
+                  raw: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor | FileRange]]:
     """``(name, tensor)`` of one weights file, one tensor at a time, each a private copy the caller may keep.
 
     `private`: the names that need a copy of their own (None: all); the
     others may be views of the file, valid until the next tensor is read.
+    `raw`: the names a safetensors file may hand out as a `FileRange`.
     """
     if file.suffix == ".safetensors":
         from safetensors import SafetensorError
 
         try:
-            yield from _read_safetensors(file, private)
+            yield from read_safetensors(file, private, raw)
         except SafetensorError as error:
             raise _damaged(file, error) from None
         return
@@ -124,59 +127,18 @@ def _libc() -> Any:
         return None
 
 
-_REOPEN_BYTES = 64 * 2**20
-
-
-def _read_safetensors(file: Path, private: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors of a safetensors file; each one `private` names read into memory of its own, the others mapped.
-
-    Private tensors (the ones that stay in CPU memory, or pass through it to
-    the disk) are read with pread(2) where safetensors can: nothing lingers in
-    resident memory. A tensor bound for a GPU is taken straight from the
-    file's mapping and copied once, to the GPU (reading it into fresh memory
-    first made a GPU load 2.4x slower than Accelerate's on an H200 machine).
-
-    Older safetensors only map the file: every page read stays resident
-    while the mapping lives, and tensors may be views of it. There each
-    private tensor is copied out and the file is reopened every 64 MiB,
-    which bounds what a big shard adds to resident memory.
-    """
-    from safetensors import safe_open
-
-    try:
-        handle, own = safe_open(str(file), framework="pt", device="cpu", backend="pread"), True
-    except TypeError:  # safetensors < 0.8 has no backend choice
-        handle, own = safe_open(str(file), framework="pt", device="cpu"), False
-    mapped: Any = None  # the mapping, opened for the first tensor bound for a GPU
-    read = 0
-    for name in list(handle.keys()):
-        if private is not None and not private(name):
-            if mapped is None:
-                mapped = safe_open(str(file), framework="pt", device="cpu") if own else handle
-            yield name, mapped.get_tensor(name)
-            continue
-        if not own and read >= _REOPEN_BYTES:
-            del handle  # unmaps the file, dropping the pages read so far from this process
-            handle, read = safe_open(str(file), framework="pt", device="cpu"), 0
-        tensor = handle.get_tensor(name)
-        if not own:
-            tensor = tensor.clone()
-        read += tensor.numel() * tensor.element_size()
-        yield name, tensor
-        del tensor
-    del handle, mapped
-
-
-def _file_tensors(files: list[Path], private: Callable[[str], bool] | None = None) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """``(file name, tensor name, tensor)`` of the weight files, one tensor at a time (`private`: see `_read_tensors`)."""
+def _file_tensors(files: list[Path], private: Callable[[str], bool] | None = None,
+                  raw: Callable[[str], bool] | None = None) -> Iterator[tuple[str, str, torch.Tensor | FileRange]]:
+    """``(file name, tensor name, tensor)`` of the weight files, one tensor at a time (`private`, `raw`: see `_read_tensors`)."""
     for file in files:
-        for name, tensor in _read_tensors(file, private):
+        for name, tensor in _read_tensors(file, private, raw):
             yield file.name, name, tensor
 
 
 def _rank0_tensors(checkpoint: str | os.PathLike[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
     # the files are resolved inside the generator, so a bad path is one more failure `_send` reports to the others
-    yield from _file_tensors(checkpoint_files(checkpoint))
+    # no `raw` names: every item is a tensor
+    yield from cast(Iterator[tuple[str, str, torch.Tensor]], _file_tensors(checkpoint_files(checkpoint)))
 
 
 def _broadcast_tensors(checkpoint: str | os.PathLike[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -329,8 +291,12 @@ def load_checkpoint_in_model(
             return device.type in ("cpu", "meta")
         return isinstance(device, str) and (device in ("cpu", "disk", "meta") or device.startswith("cpu"))
 
+    def raw(name: str) -> bool:  # True: bound for a .dat file, where its bytes may go file to file
+        device = None if device_map is None else _device_in_map(name, device_map)
+        return device == "disk" or (offload_state_dict and str(device) == "cpu")
+
     tensors = (_broadcast_tensors(checkpoint) if broadcast_from_rank0
-               else _file_tensors(checkpoint_files(checkpoint), private))
+               else _file_tensors(checkpoint_files(checkpoint), private, raw))
     tied = find_tied_parameters(model)
     if device_map is not None:
         check_tied_parameters_on_same_device(tied, device_map)
@@ -366,14 +332,21 @@ def load_checkpoint_in_model(
             if device == "disk" or (device == "cpu" and staging is not None):
                 folder, index = (offload_folder, offload_index) if device == "disk" else (staging, staged_index)
                 assert folder is not None  # offload_folder was required above for "disk"; staging exists for "cpu"
-                tensor = tensor.to(cast or model_dtype) if tensor.is_floating_point() else tensor
-                set_module_tensor_to_device(model, name, "meta", dtype=tensor.dtype)
-                offload_weight(tensor, name, folder, index=index)
+                target = (cast or model_dtype) if tensor.is_floating_point() else tensor.dtype
+                set_module_tensor_to_device(model, name, "meta", dtype=target)
+                if isinstance(tensor, FileRange) and tensor.dtype == target:  # never enters this process's memory
+                    try:
+                        offload_file_range(tensor.file, tensor.offset, tensor.nbytes, target, tensor.shape, name,
+                                           folder, index=index)
+                    except EOFError as error:
+                        raise _damaged(tensor.file, error) from None
+                else:
+                    offload_weight(_loaded(tensor).to(target), name, folder, index=index)
             elif in_memory.intersection(twin_of.get(name, ())):
                 _share(model, name, next(n for n in twin_of[name] if n in in_memory))  # one copy of a tied weight
                 in_memory.add(name)
             else:
-                _place(model, name, tensor, device, cast)
+                _place(model, name, _loaded(tensor), device, cast)
                 in_memory.add(name)
             loaded.add(name)
             del tensor  # drop the only reference before reading the next one
@@ -387,6 +360,10 @@ def load_checkpoint_in_model(
             shutil.rmtree(staging, ignore_errors=True)
     _retie(model, tied, in_memory)
     _report(model, checkpoint, expected, loaded, unexpected, tied, strict)
+
+
+def _loaded(tensor: torch.Tensor | FileRange) -> torch.Tensor:
+    return tensor.load() if isinstance(tensor, FileRange) else tensor
 
 
 def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast: torch.dtype | str | None) -> None:

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -334,7 +334,8 @@ def load_state_dict(checkpoint_file: str | os.PathLike[str], device_map: Mapping
         if fmt != "pt":
             raise ValueError(f"{path} was saved with format {fmt!r}, not 'pt'; convert it to a PyTorch checkpoint first.")
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in _read_tensors(path):
+    for name, item in _read_tensors(path):
+        tensor = cast(torch.Tensor, item)  # no `raw` names: every item is a tensor
         if device_map is not None:
             device = _map_device(name, device_map)
             tensor = tensor if device.type == "cpu" else tensor.to(device)

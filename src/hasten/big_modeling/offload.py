@@ -36,6 +36,8 @@ __all__ = [
 INDEX_NAME = "index.json"
 # torch dtypes NumPy cannot hold -> the integer dtype of the same width their bits are stored as
 _STORED_AS = {"bfloat16": torch.int16}
+_WRITE_BYTES = 1 << 30  # bytes per write(2) at most: Linux and macOS take under 2 GiB per call
+_PIECE_BYTES = 64 << 20  # a file-to-file copy that goes through memory holds this much at a time
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):
         _STORED_AS[_name] = torch.uint8
@@ -66,10 +68,76 @@ def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str |
     path.parent.mkdir(parents=True, exist_ok=True)
     # The raw bytes in C order (a scalar is one element), written straight from the array: no mapping, and
     # no msync per file (the folder is scratch space read back through the page cache; a flush per weight was a
-    # third of a disk-offloading load).
-    with open(path, "wb") as file:
-        np.ascontiguousarray(array).tofile(file)
+    # third of a disk-offloading load). os.write, not ndarray.tofile: tofile went 4x slower (~1 GB/s against ~4).
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        written = 0
+        while written < len(data):  # one write may take only part of a big buffer
+            written += os.write(descriptor, data[written:written + _WRITE_BYTES])
+    finally:
+        os.close(descriptor)
     return index
+
+
+def offload_file_range(source: str | os.PathLike[str], offset: int, nbytes: int, dtype: torch.dtype,
+                       shape: list[int] | tuple[int, ...], weight_name: str, offload_folder: str | os.PathLike[str],
+                       index: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]] | None:
+    """Copy a tensor's raw bytes (`nbytes` at `offset` of `source`) to ``offload_folder/<weight_name>.dat``, file to file.
+
+    The same ``.dat`` and index entry as `offload_weight` gives the tensor,
+    without reading it into memory: the kernel copies the bytes
+    (copy_file_range, else read/write in 64 MiB pieces). The bytes must be
+    C-order and in this machine's byte order, as safetensors files hold them.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp(); _ = Path(folder, "src").write_bytes(b"head" + torch.arange(3.0).numpy().tobytes())
+        >>> offload_file_range(f"{folder}/src", 4, 12, torch.float32, [3], "w", folder, index={})
+        {'w': {'dtype': 'float32', 'shape': [3]}}
+        >>> load_offloaded_weight(f"{folder}/w.dat", {"dtype": "float32", "shape": [3]})
+        tensor([0., 1., 2.])
+    """
+    dtype_name = str(dtype).replace("torch.", "")
+    if dtype_name not in _STORED_AS:
+        dtype_name = str(torch.empty(0, dtype=dtype).numpy().dtype)
+    if index is not None:
+        index[weight_name] = {"dtype": dtype_name, "shape": list(shape)}
+    path = Path(offload_folder) / f"{weight_name}.dat"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    reader = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            _copy_range(reader, offset, nbytes, writer)
+        finally:
+            os.close(writer)
+    finally:
+        os.close(reader)
+    return index
+
+
+def _copy_range(reader: int, offset: int, nbytes: int, writer: int) -> None:
+    """Copy `nbytes` at `offset` of `reader` to `writer`'s position; EOFError if `reader` ends first."""
+    kernel = getattr(os, "copy_file_range", None)  # Linux only
+    done = 0
+    while done < nbytes:
+        count = 0
+        if kernel is not None:
+            try:
+                count = kernel(reader, writer, min(nbytes - done, _WRITE_BYTES), offset + done)
+            except OSError:
+                kernel = None  # not between these files (another filesystem, an old kernel): copy through memory
+        if count == 0:  # copy_file_range refused, or returned nothing (some filesystems do): through memory
+            kernel = None
+            os.lseek(reader, offset + done, os.SEEK_SET)  # lseek + read, not pread: Windows has no pread
+            piece = os.read(reader, min(nbytes - done, _PIECE_BYTES))
+            if not piece:
+                raise EOFError(f"the file ends {nbytes - done} bytes before the tensor at offset {offset} does")
+            view, count = memoryview(piece), len(piece)
+            while view:
+                view = view[os.write(writer, view):]
+        done += count
 
 
 def load_offloaded_weight(weight_file: str | os.PathLike[str], weight_info: Mapping[str, Any]) -> torch.Tensor:
