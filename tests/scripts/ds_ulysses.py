@@ -23,7 +23,7 @@ from hasten.utils import DeepSpeedSequenceParallelConfig, set_seed
 from hasten.utils.deepspeed import DeepSpeedPlugin
 from hasten.strategies.deepspeed.ulysses import sequence_parallel_loss
 
-SEQ, SAMPLES, BATCH, PROMPT, LR, CLIP = 16, 8, 2, 5, 1e-2, 1.0
+SEQ, SAMPLES, BATCH, PROMPT, LR, CLIP = 16, 8, 2, 5, 1e-3, 1.0
 
 
 def make_model() -> LlamaForCausalLM:
@@ -76,7 +76,7 @@ def main(out: Path, stage: int) -> None:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    state = accelerator.unwrap_model(model).state_dict()
+    state = accelerator.get_state_dict(model)  # gathered under ZeRO-3
     diff = max((state[k].float() - ref_state[k].float()).abs().max().item() for k in ref_state)
     second = accelerator.deepspeed_ulysses_dl_adapter(accelerator.prepare(DataLoader(samples(), batch_size=BATCH)), model)
     record = {"losses": losses, "ref_losses": ref_losses, "param_diff": diff, "shards": shards,

@@ -210,21 +210,51 @@ def ulysses_loader(loader: Any, device: Any) -> Any:
                             sp_world_size=groups._get_sequence_parallel_world_size(), device=device)
 
 
+def _gather_with_grad(value: Any, group: Any) -> Any:
+    """Every process's scalar `value`, stacked; the backward hands each its slice of the summed gradients.
+
+    (``torch.distributed.nn.functional.all_gather`` does the same and is deprecated in torch 2.13.)
+    """
+    import torch
+    import torch.distributed as dist
+
+    class GatherScalars(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, local: torch.Tensor) -> torch.Tensor:
+            ctx.rank = dist.get_rank(group)
+            gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(gathered, local.contiguous(), group=group)
+            return torch.stack(gathered)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.contiguous().clone()
+            dist.all_reduce(grad, group=group)  # every process's loss depends on this shard's
+            return grad[ctx.rank]
+
+    return GatherScalars.apply(value)
+
+
 def sequence_parallel_loss(loss: Any, shift_labels: Any, group: Any = None) -> Any:
     """The loss of the whole sequence from this shard's: shard losses averaged over the group, weighted by their tokens.
 
     ``loss`` is the mean over this shard's counted tokens (labels not -100);
     the result is the same on every process of the group and differentiable
-    (a shard with no counted tokens contributes nothing).
+    (a shard with no counted tokens contributes nothing). It is what
+    Accelerate's sequence-parallel example computes inline.
 
     Example:
-        >>> # outputs = model(**batch); loss = sequence_parallel_loss(outputs.loss, batch["shift_labels"])
+        >>> # outputs = model(**batch, labels=batch["shift_labels"])
+        >>> # loss = sequence_parallel_loss(outputs.loss, batch["shift_labels"])
     """
     import torch
-    from torch.distributed.nn.functional import all_gather
+    import torch.distributed as dist
 
     group = group if group is not None else sequence_parallel_group()
-    losses = torch.stack(all_gather(loss, group=group))
-    tokens = torch.stack(all_gather((shift_labels != -100).reshape(-1).sum(), group=group))
-    counted = torch.where(tokens > 0, losses * tokens, torch.zeros_like(losses))
-    return counted.sum() / tokens.sum().clamp(min=1)
+    losses = _gather_with_grad(loss, group)
+    local_tokens = (shift_labels != -100).reshape(-1).sum()
+    tokens = [torch.empty_like(local_tokens) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(tokens, local_tokens, group=group)
+    counts = torch.stack(tokens).to(losses.device)
+    counted = torch.where(counts > 0, losses * counts, torch.zeros_like(losses))
+    return counted.sum() / counts.sum().clamp(min=1)
