@@ -43,9 +43,10 @@ class ParallelismConfig:
         tp_handler: the tensor-parallel plan (a dict of module-name pattern -> "colwise" / "rowwise", or an
             object with a `tp_plan`); None uses the model's own `tp_plan`.
         cp_handler: extra context-parallel options, kept for Accelerate compatibility (not read by hasten).
-        sp_size, sp_backend, sp_handler: DeepSpeed's Ulysses sequence parallelism (needs a `DeepSpeedPlugin`):
-            its degree, ``"deepspeed"`` (the only backend), and a `DeepSpeedSequenceParallelConfig` (made
-            when None); see ``hasten.strategies.deepspeed.ulysses``.
+        sp_size: DeepSpeed's Ulysses sequence-parallel degree (needs a `DeepSpeedPlugin`); 1 disables it.
+        sp_backend: ``"deepspeed"`` (None means it), the only sequence-parallel backend.
+        sp_handler: a `DeepSpeedSequenceParallelConfig` (made when None and sp_size > 1); see
+            ``hasten.strategies.deepspeed.ulysses``.
 
     ``dp_replicate_size > 1`` with ``dp_shard_size == 1`` is plain DDP; with
     ``dp_shard_size > 1`` it is HSDP. Tensor parallel composes with FSDP/HSDP,
