@@ -141,6 +141,8 @@ class PreparePart:
         for i, obj in enumerate(args):
             if isinstance(obj, DataLoader):
                 results[i] = self.prepare_data_loader(obj, device_placement=placement[i])
+                if model_slots:  # as Accelerate: under Ulysses the loaders prepared with the model are cut along the sequence
+                    results[i] = self.strategy.shard_sequences(results[i])
         for i, obj in enumerate(args):  # last: a scheduler refers to its prepared optimizer
             if _is_scheduler(obj):
                 results[i] = self.prepare_scheduler(obj)

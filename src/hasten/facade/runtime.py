@@ -166,6 +166,25 @@ class RuntimePart:
         """
         return self.strategy.device_mesh
 
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """A loader prepared apart from the model, cut along the sequence under DeepSpeed's Ulysses (sp_size > 1).
+
+        `prepare` already does it for loaders passed with the model; call this
+        after `prepare(model, ...)` for one prepared on its own (as transformers'
+        Trainer does). With sp_size 1 the loader comes back unchanged.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.deepspeed_ulysses_dl_adapter([1, 2], None)
+            [1, 2]
+        """
+        from ..strategies.deepspeed.ulysses import sequence_parallel_size, ulysses_loader
+
+        if sequence_parallel_size(self.parallelism_config) == 1:
+            return dl
+        return ulysses_loader(dl, getattr(model, "device", self.device))
+
     @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
                                no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:

@@ -215,6 +215,10 @@ class Strategy:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
+    def shard_sequences(self, loader: Any) -> Any:
+        """The loader a step reads when sequence parallelism cuts each batch along the sequence (here: `loader`)."""
+        return loader
+
     def data_parallel_layout(self, num_processes: int, process_index: int) -> tuple[int, int]:
         """(number of data-parallel groups, this process's group): what data loaders shard over.
 

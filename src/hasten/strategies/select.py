@@ -55,6 +55,9 @@ def select_strategy(
         return DeepSpeedStrategy.create(device, world_size, mixed_precision, deepspeed_plugin,
                                         gradient_state=gradient_state, parallelism_config=parallelism_config,
                                         accumulation_given=accumulation_given)
+    if parallelism_config is not None and getattr(parallelism_config, "sp_size", 1) > 1:
+        raise ValueError(f"ParallelismConfig(sp_size={parallelism_config.sp_size}) is DeepSpeed's Ulysses sequence "
+                         "parallelism; pass deepspeed_plugin=DeepSpeedPlugin(...) (or launch with --use_deepspeed).")
     if fsdp_plugin is not None:
         from .fsdp.plugin import FullyShardedDataParallelPlugin
 

@@ -106,6 +106,7 @@ from ..saving import load, save
 from ..strategies.deepspeed.config import HfDeepSpeedConfig
 from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
+from ..strategies.deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 from ..strategies.deepspeed.wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..strategies.parallel.mesh import ParallelismConfig
@@ -244,8 +245,8 @@ __all__ = [
 ]
 # Engine plugins and helpers, and the big-model helpers (``accelerate.utils.modeling`` / ``.offload`` names).
 __all__ += sorted([
-    "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig",
-    "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
+    "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "DummyOptim",
+    "DummyScheduler", "HfDeepSpeedConfig", "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
     "ParallelismConfig", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer",
     "load_fsdp_optimizer",
     "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",

@@ -33,11 +33,11 @@ from ..options import (
     TorchDynamoPlugin,
 )
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
+from ..strategies.deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..tracking.base import LoggerType
 from ..unavailable import (
     AORecipeKwargs,
-    DeepSpeedSequenceParallelConfig,
     FP8RecipeKwargs,
     MegatronLMPlugin,
     MSAMPRecipeKwargs,

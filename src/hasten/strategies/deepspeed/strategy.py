@@ -96,6 +96,9 @@ class DeepSpeedStrategy(Strategy):
         self._step_skipped = False
         self._pending_micro_steps = False  # gradients accumulated since the last optimizer step
         self._warned_clip = False
+        self.sp_size = 1  # Ulysses sequence parallel degree (ParallelismConfig.sp_size)
+        self.parallelism_config: Any = None
+        self.sp_mpu: Any = None  # DeepSpeed's sequence-parallel groups once the engine exists
 
     @classmethod
     def create(cls, device: torch.device, world_size: int, mixed_precision: str, plugin: DeepSpeedPlugin, *,
@@ -104,7 +107,11 @@ class DeepSpeedStrategy(Strategy):
         """Check the plugin against the Accelerator's settings now (in `Accelerator()`), not at `prepare`."""
         if not isinstance(plugin, DeepSpeedPlugin):
             raise TypeError(f"deepspeed_plugin must be a hasten DeepSpeedPlugin, got {type(plugin).__name__}.")
-        if parallelism_config is not None and getattr(parallelism_config, "needs_sharded_engine", False):
+        from .ulysses import check_sequence_parallel
+
+        sp_size = check_sequence_parallel(parallelism_config, world_size)
+        # under Ulysses the data-parallel sizes only describe how ZeRO's processes are counted
+        if sp_size == 1 and parallelism_config is not None and getattr(parallelism_config, "needs_sharded_engine", False):
             raise ValueError("DeepSpeed and a ParallelismConfig that shards or splits tensors cannot be combined; "
                              "drop one of deepspeed_plugin or parallelism_config.")
         check_precision_supported(mixed_precision, device.type)
@@ -115,6 +122,7 @@ class DeepSpeedStrategy(Strategy):
         # meet the 16-bit weights DeepSpeed made.
         precision = PrecisionPolicy(name=mixed_precision, device_type=device.type, dtype=_DTYPES.get(mixed_precision))
         strategy = cls(device, precision, plugin, gradient_state, world_size)
+        strategy.sp_size, strategy.parallelism_config = sp_size, parallelism_config
         steps = gradient_state.num_steps if gradient_state is not None else 1
         strategy.accumulation_steps = plugin.resolve_accumulation(steps, given=accumulation_given)
         if gradient_state is not None:
@@ -152,7 +160,8 @@ class DeepSpeedStrategy(Strategy):
         dummy = dummy_optim is not None
         scheduler = dummy_optim.scheduler if dummy_optim is not None else None
         config = self.plugin.build_engine_config(
-            world_size=self.world_size, mixed_precision=self.precision.name, device_type=self.device.type,
+            # a sequence-parallel group trains on one batch: ZeRO's data-parallel processes are world / sp_size
+            world_size=self.world_size // self.sp_size, mixed_precision=self.precision.name, device_type=self.device.type,
             micro_batch_size=self.micro_batch_size, client_optimizer=not dummy, optimizer=optimizer, scheduler=scheduler)
         self.engine_config = config
         self.cast_forward(model)
@@ -163,6 +172,10 @@ class DeepSpeedStrategy(Strategy):
                 kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
         else:
             kwargs["optimizer"] = optimizer
+        if self.sp_size > 1:  # Accelerate's order: attention wrapped and groups made before the engine
+            from .ulysses import register_ulysses
+
+            self.sp_mpu = kwargs["mpu"] = register_ulysses(model, self.parallelism_config, self.micro_batch_size)
         engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
         self.engine = engine
         if scheduler is not None:
@@ -173,6 +186,14 @@ class DeepSpeedStrategy(Strategy):
         if not isinstance(base, torch.optim.Optimizer):
             base = engine_optimizer
         return [engine], [base]
+
+    def shard_sequences(self, loader: Any) -> Any:
+        """Under Ulysses (sp_size > 1), DeepSpeed's adapter: each process of a group gets its shard of one batch."""
+        if self.sp_size == 1 or self.engine is None:
+            return loader
+        from .ulysses import ulysses_loader
+
+        return ulysses_loader(loader, self.device)
 
     # -- the hot path -------------------------------------------------------------------------
     def _engine_for(self) -> Any:

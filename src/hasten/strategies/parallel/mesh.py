@@ -43,6 +43,10 @@ class ParallelismConfig:
         tp_handler: the tensor-parallel plan (a dict of module-name pattern -> "colwise" / "rowwise", or an
             object with a `tp_plan`); None uses the model's own `tp_plan`.
         cp_handler: extra context-parallel options, kept for Accelerate compatibility (not read by hasten).
+        sp_size: DeepSpeed's Ulysses sequence-parallel degree (needs a `DeepSpeedPlugin`); 1 disables it.
+        sp_backend: ``"deepspeed"`` (None means it), the only sequence-parallel backend.
+        sp_handler: a `DeepSpeedSequenceParallelConfig` (made when None and sp_size > 1); see
+            ``hasten.strategies.deepspeed.ulysses``.
 
     ``dp_replicate_size > 1`` with ``dp_shard_size == 1`` is plain DDP; with
     ``dp_shard_size > 1`` it is HSDP. Tensor parallel composes with FSDP/HSDP,
@@ -63,6 +67,10 @@ class ParallelismConfig:
     cp_size: int = 1
     tp_handler: Any = None
     cp_handler: Any = None
+    # Ulysses sequence parallelism runs inside DeepSpeed (strategies/deepspeed/ulysses.py), on no mesh of ours
+    sp_size: int = 1
+    sp_backend: str | None = None
+    sp_handler: Any = None
     device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
     # flattened views ("dp", "dp_shard_cp", "dp_cp"), kept because torch is deprecating `root_mesh["flat_name"]`
     flattened_meshes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -75,6 +83,17 @@ class ParallelismConfig:
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ParallelismConfig.{name} must be a whole number >= 1, got {value!r}; "
                                  f"use 1 to switch that parallelism off.")
+        self.sp_size = 1 if self.sp_size is None else self.sp_size
+        if not isinstance(self.sp_size, int) or isinstance(self.sp_size, bool) or self.sp_size < 1:
+            raise ValueError(f"ParallelismConfig.sp_size must be a whole number >= 1, got {self.sp_size!r}; use 1 to "
+                             "switch sequence parallelism off.")
+        self.sp_backend = self.sp_backend or "deepspeed"
+        if self.sp_backend != "deepspeed":
+            raise ValueError(f"ParallelismConfig(sp_backend={self.sp_backend!r}) is unknown; use 'deepspeed'.")
+        if self.sp_size > 1 and self.sp_handler is None:
+            from ..deepspeed.ulysses import DeepSpeedSequenceParallelConfig
+
+            self.sp_handler = DeepSpeedSequenceParallelConfig()
         if self.cp_size > 1:
             raise ValueError(f"ParallelismConfig(cp_size={self.cp_size}) is not supported: context parallelism needs "
                              "scaled-dot-product attention kernels on CUDA, which hasten does not wire up; use cp_size=1.")
@@ -129,6 +148,11 @@ class ParallelismConfig:
     @property
     def cp_enabled(self) -> bool:
         return self.cp_size > 1
+
+    @property
+    def sp_enabled(self) -> bool:
+        """True when DeepSpeed's Ulysses cuts sequences over ``sp_size`` processes."""
+        return self.sp_size > 1
 
     @property
     def needs_sharded_engine(self) -> bool:
