@@ -93,6 +93,7 @@ def test_layout_trains_like_one_process(runs, name):
         assert result["diff"] <= TOLERANCE, f"{name} rank {rank}: parameters differ by {result['diff']}"
         assert (result["distributed_type"], result["dims"], result["flat"]) == (distributed_type, dims, flat)
         assert result["gathered"] == list(range(10))  # every evaluation sample once, none repeated
+        assert result["objects"] == [f"s{i}" for i in range(10)]
         if config.tp_enabled:
             assert result["tp_rank"] == rank % config.tp_size
             assert result["dtensors"] >= 8  # the planned linears were split

@@ -10,10 +10,10 @@ copy on the same global batches (what one process would do) and compares the
 gathered parameters. Writes OUT_DIR/rank{N}.json.
 """
 
-import copy
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ from hasten import Accelerator
 from hasten.parallelism_config import ParallelismConfig
 
 STEPS, BATCH, WIDTH = 4, 2, 8
+warnings.filterwarnings("ignore", message="Slicing a flattened dim")  # torch's, on mesh["dp"] (Accelerate's spelling)
 PLAN = {"layers.*.up_proj": "colwise", "layers.*.down_proj": "rowwise"}
 
 
@@ -100,7 +101,7 @@ def param_diff(model, expected: dict) -> float:
     return max((got[n] - expected[n]).abs().max().item() for n in expected)
 
 
-def layout(sizes: dict, world: int) -> dict:
+def layout(sizes: dict) -> dict:
     started = time.perf_counter()
     accelerator, model, optimizer, loader = build(sizes)
     config = accelerator.parallelism_config
@@ -109,27 +110,31 @@ def layout(sizes: dict, world: int) -> dict:
     seen: list = []
     train(accelerator, model, optimizer, loader, STEPS, seen)
     out = {"distributed_type": accelerator.distributed_type.value, "dims": list(mesh.mesh_dim_names),
-           "flat": {name: mesh[name].size() for name in ("dp", "dp_shard_cp", "dp_cp")
-                    if name in _flat_names(mesh)},
+           "flat": flattened(mesh),
            "seen": seen, "diff": param_diff(accelerator.unwrap_model(model), reference(dp, STEPS)),
            "dtensors": sum(type(p).__name__ == "DTensor" for p in model.parameters())}
     if config.tp_size > 1:
         out["tp_rank"] = accelerator.tensor_parallel_rank
     # evaluation: every sample once in gather_for_metrics, the last batch cut to the remainder
     eval_loader = accelerator.prepare(DataLoader(data(10), batch_size=BATCH))
-    gathered = []
+    gathered, objects = [], []
     for _, _, index in eval_loader:
         gathered += accelerator.gather_for_metrics(index).tolist()
-    out["gathered"] = gathered
+        objects += accelerator.gather_for_metrics([f"s{i}" for i in index.tolist()])  # through gather_object
+    out["gathered"], out["objects"] = gathered, objects
     out["seconds"] = time.perf_counter() - started
     return out
 
 
-def _flat_names(mesh) -> set:
-    try:
-        return set(mesh._get_root_mesh()._flatten_mapping) | set(mesh.mesh_dim_names)
-    except AttributeError:
-        return set(mesh.mesh_dim_names)
+def flattened(mesh) -> dict:
+    """The sizes of Accelerate's flattened views that `mesh[name]` finds (as a user script reads them)."""
+    sizes = {}
+    for name in ("dp", "dp_shard_cp", "dp_cp"):
+        try:
+            sizes[name] = mesh[name].size()
+        except KeyError:
+            pass
+    return sizes
 
 
 def resume(sizes: dict, directory: Path) -> dict:
@@ -162,7 +167,7 @@ def main(out: Path) -> None:
     world, rank = first.num_processes, first.process_index
     result: dict = {"rank": rank, "layouts": {}, "resumed": {}}
     for name, sizes in LAYOUTS[world].items():
-        result["layouts"][name] = layout(sizes, world)
+        result["layouts"][name] = layout(sizes)
     for name in RESUMED.get(world, []):
         result["resumed"][name] = resume(LAYOUTS[world][name], out / f"ckpt-{name}")
     (out / f"rank{rank}.json").write_text(json.dumps(result))
