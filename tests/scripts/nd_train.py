@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator
 from hasten.parallelism_config import ParallelismConfig
+from hasten.strategies.parallel import apply_tensor_parallel
 
 STEPS, BATCH, WIDTH = 4, 2, 8
 warnings.filterwarnings("ignore", message="Slicing a flattened dim")  # torch's, on mesh["dp"] (Accelerate's spelling)
@@ -76,9 +77,13 @@ def reference(dp: int, steps: int) -> dict:
 
 
 def build(sizes: dict):
+    sizes = dict(sizes)
+    presplit = sizes.pop("presplit", False)
     accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(**sizes))
     torch.manual_seed(0)
     model = Net()
+    if presplit:  # split before prepare, on the accelerator's mesh (as transformers' tp_plan="auto" does)
+        apply_tensor_parallel(model, accelerator.torch_device_mesh["tp"], PLAN)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = DataLoader(data(), batch_size=BATCH)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -157,7 +162,7 @@ LAYOUTS = {
     2: {"dp_shard=2": {"dp_shard_size": 2}, "dp_replicate=2": {"dp_replicate_size": 2}, "tp=2": {"tp_size": 2}},
     4: {"dp_shard=4": {"dp_shard_size": 4}, "dp_replicate=4": {"dp_replicate_size": 4},
         "hsdp=2x2": {"dp_replicate_size": 2, "dp_shard_size": 2}, "dp_shard=2,tp=2": {"dp_shard_size": 2, "tp_size": 2},
-        "tp=4": {"tp_size": 4}},
+        "tp=4": {"tp_size": 4}, "split before prepare": {"dp_shard_size": 2, "tp_size": 2, "presplit": True}},
 }
 RESUMED = {4: ["hsdp=2x2", "dp_shard=2,tp=2", "tp=4"]}
 

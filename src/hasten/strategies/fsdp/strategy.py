@@ -189,12 +189,17 @@ class FSDPStrategy(Strategy):
         if on_meta and (rank == 0 or not broadcast):
             raise ValueError("the model's parameters are on the meta device; build it with real weights on the main "
                              "process and keep cpu_ram_efficient_loading=True so the others receive them.")
-        # The main process's weights are the truth: kept before sharding, broadcast after.
-        full_state = {k: v.detach().to(self.device) for k, v in model.state_dict().items()} if broadcast and rank == 0 else {}
+        # The main process's weights are the truth: kept before sharding, broadcast after. A model split
+        # already (DTensors, e.g. transformers' tp_plan="auto") is gathered whole by every process (a collective).
+        split = any(type(p).__name__ == "DTensor" for p in before.values())
+        full_state = {k: getattr(v, "full_tensor", v.detach)().detach().to(self.device)
+                      for k, v in model.state_dict().items()} if broadcast and (rank == 0 or split) else {}
+        if rank != 0:
+            full_state.clear()
         if not on_meta:
             model.to(self.device)
         names = self.mesh.mesh_dim_names or ()
-        if "tp" in names and not any(type(p).__name__ == "DTensor" for p in before.values()):  # else split already
+        if "tp" in names and not split:
             from ..parallel.tensor import apply_tensor_parallel
 
             apply_tensor_parallel(model, self.mesh["tp"], self._tensor_parallel_plan())
