@@ -199,6 +199,10 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.fp8_recipe_handler = self.ao_recipe_handler = self.te_recipe_handler = self.msamp_recipe_handler = None
         self.profile_handler: ProfileKwargs | None = handlers.profile
         self.autocast_handler: AutocastKwargs | None = handlers.autocast
+        if parallelism_config is not None:  # as Accelerate: the mesh of the sizes given, then settled for this run
+            if parallelism_config.total_size > 1 and not parallelism_config.sp_enabled:  # DeepSpeed SP: its own groups
+                parallelism_config.build_device_mesh(self.device.type)
+            parallelism_config.settle(self.state.num_processes, fsdp_plugin_given=fsdp_plugin is not None)
         # Strategy and precision are chosen together, once; everything after asks the strategy.
         self.strategy = select_strategy(
             self.device,

@@ -124,10 +124,23 @@ class ProcessPart:
         add up to `len(dataset)`; a loader that drops its last batch, or
         whose dataset has no length, is returned as gathered. Anything that
         is not tensors (in lists, tuples, dicts), or `use_gather_object=True`,
-        goes through `gather_object`.
+        goes through `gather_object`. Under tensor (or context) parallelism the
+        processes of one group read the same batch, so it is gathered once per
+        data-parallel rank (Accelerate gathers every process's copy).
         """
         use_gather_object = use_gather_object or not _only_tensors(input_data)
-        data = collectives.gather_object(input_data) if use_gather_object else collectives.gather(input_data)
+        config = self.state.parallelism_config
+        repeats = config.non_data_parallel_size if config is not None else 1
+        if repeats > 1:  # a tp/cp group read one batch: keep one copy (its first process's; the group is innermost)
+            if use_gather_object:
+                parts = collectives.gather_object([input_data])[::repeats]
+                data = [item for part in parts for item in part] if isinstance(input_data, (list, tuple)) else parts
+            else:
+                world = self.state.num_processes
+                data = collectives.recursively_apply(lambda t: t.unflatten(0, (world, -1))[::repeats].flatten(0, 1),
+                                                     collectives.gather(input_data))
+        else:
+            data = collectives.gather_object(input_data) if use_gather_object else collectives.gather(input_data)
         state = self.gradient_state
         if not state.end_of_dataloader:
             return data

@@ -157,13 +157,17 @@ class RuntimePart:
 
     @property
     def torch_device_mesh(self) -> Any:
-        """The `DeviceMesh` the engine shards over (FSDP2 / a ParallelismConfig), else None.
+        """The `ParallelismConfig`'s `DeviceMesh` (Accelerate's dim names and its flattened "dp", "dp_shard_cp",
+        "dp_cp"), else the one the engine shards over (FSDP2), else None.
 
         Example:
             >>> from hasten import Accelerator
             >>> Accelerator(cpu=True).torch_device_mesh is None
             True
         """
+        config = self.state.parallelism_config
+        if config is not None:
+            return config.device_mesh
         return self.strategy.device_mesh
 
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
@@ -184,6 +188,49 @@ class RuntimePart:
         if sequence_parallel_size(self.parallelism_config) == 1:
             return dl
         return ulysses_loader(dl, getattr(model, "device", self.device))
+
+    def _mesh_rank(self, dim: str, enabled: bool) -> int:
+        if self.state.parallelism_config is None:
+            raise RuntimeError(f"the {dim} rank needs a parallelism configuration; pass "
+                               "Accelerator(parallelism_config=ParallelismConfig(...)).")
+        return self.torch_device_mesh.get_local_rank(dim) if enabled else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's rank in its "tp" group (0 without tensor parallelism), as Accelerate.
+
+        Example:
+            >>> from hasten import Accelerator, ParallelismConfig
+            >>> Accelerator(cpu=True, parallelism_config=ParallelismConfig()).tensor_parallel_rank
+            0
+        """
+        return self._mesh_rank("tp", self.state.parallelism_config is not None and self.state.parallelism_config.tp_enabled)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's rank on the "dp_replicate" dim (0 without replication), as Accelerate.
+
+        Example:
+            >>> from hasten import Accelerator, ParallelismConfig
+            >>> Accelerator(cpu=True, parallelism_config=ParallelismConfig()).data_parallel_rank
+            0
+        """
+        config = self.state.parallelism_config
+        if config is not None and config.dp_replicate_enabled and self.torch_device_mesh is None:
+            return self.state.process_index  # sizes all 1, settled to plain DDP over every process
+        return self._mesh_rank("dp_replicate", config is not None and config.dp_replicate_enabled)
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's rank on the "dp_shard" dim (0 without sharding), as Accelerate.
+
+        Example:
+            >>> from hasten import Accelerator, ParallelismConfig
+            >>> Accelerator(cpu=True, parallelism_config=ParallelismConfig()).data_parallel_shard_rank
+            0
+        """
+        config = self.state.parallelism_config
+        return self._mesh_rank("dp_shard", config is not None and config.dp_shard_enabled)
 
     @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,

@@ -109,7 +109,7 @@ from ..strategies.deepspeed.plugin import DeepSpeedPlugin
 from ..strategies.deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 from ..strategies.deepspeed.wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-from ..strategies.parallel.mesh import ParallelismConfig
+from ..strategies.parallel.mesh import ParallelismConfig, TorchTensorParallelConfig
 from .fsdp_utils import load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model, save_fsdp_optimizer
 from .modeling import (
     align_module_device,
@@ -247,7 +247,8 @@ __all__ = [
 __all__ += sorted([
     "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "DummyOptim",
     "DummyScheduler", "HfDeepSpeedConfig", "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
-    "ParallelismConfig", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer",
+    "ParallelismConfig", "TorchTensorParallelConfig", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model",
+    "save_fsdp_optimizer",
     "load_fsdp_optimizer",
     "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",
     "compute_module_total_buffer_size", "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters",

@@ -35,6 +35,7 @@ from ..options import (
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
 from ..strategies.deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from ..strategies.parallel.mesh import TorchTensorParallelConfig
 from ..tracking.base import LoggerType
 from ..unavailable import (
     AORecipeKwargs,
@@ -51,4 +52,5 @@ __all__ = [
     "TorchDynamoPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "BaseEnum", "ComputeEnvironment",
     "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType", "AORecipeKwargs",
     "DeepSpeedSequenceParallelConfig", "FP8RecipeKwargs", "MegatronLMPlugin", "MSAMPRecipeKwargs", "TERecipeKwargs",
+    "TorchTensorParallelConfig",
 ]

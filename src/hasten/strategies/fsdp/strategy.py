@@ -114,7 +114,15 @@ class FSDPStrategy(Strategy):
         return strategy
 
     @property
+    def shards(self) -> bool:
+        """False for tensor parallel alone (a ParallelismConfig without data-parallel dims): nothing to `fully_shard`."""
+        config = self.parallelism_config
+        return config is None or config.dp_enabled or config.cp_enabled
+
+    @property
     def distributed_type(self) -> DistributedType:
+        if not self.shards:  # Accelerate's type for tensor parallel alone: the plain multi-device one
+            return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
         return DistributedType.FSDP
 
     # -- the mesh ------------------------------------------------------------------------------
@@ -153,11 +161,11 @@ class FSDPStrategy(Strategy):
         return handler if isinstance(handler, dict) or handler is None else getattr(handler, "tp_plan", None)
 
     def data_parallel_layout(self, num_processes: int, process_index: int) -> tuple[int, int]:
-        if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
+        config = self.parallelism_config
+        if config is None:
             return num_processes, process_index
-        self.mesh  # noqa: B018 - built on first use
-        dp = self.parallelism_config.submesh("dp")
-        return dp.size(), dp.get_local_rank()
+        # Accelerate's rule: processes of one tp/cp group (innermost on the mesh) read the same batch
+        return config.data_parallel_size, process_index // config.non_data_parallel_size
 
     def _mixed_precision_policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -169,7 +177,7 @@ class FSDPStrategy(Strategy):
 
     # -- set-up -------------------------------------------------------------------------------------
     def setup_module(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import FSDPModule
 
         if isinstance(model, FSDPModule):
             raise ValueError("this model is already sharded with fully_shard; pass the plain module to prepare.")
@@ -181,15 +189,38 @@ class FSDPStrategy(Strategy):
         if on_meta and (rank == 0 or not broadcast):
             raise ValueError("the model's parameters are on the meta device; build it with real weights on the main "
                              "process and keep cpu_ram_efficient_loading=True so the others receive them.")
-        # The main process's weights are the truth: kept before sharding, broadcast after.
-        full_state = {k: v.detach().to(self.device) for k, v in model.state_dict().items()} if broadcast and rank == 0 else {}
+        # The main process's weights are the truth: kept before sharding, broadcast after. A model split
+        # already (DTensors, e.g. transformers' tp_plan="auto") is gathered whole by every process (a collective).
+        split = any(type(p).__name__ == "DTensor" for p in before.values())
+        full_state = {k: getattr(v, "full_tensor", v.detach)().detach().to(self.device)
+                      for k, v in model.state_dict().items()} if broadcast and (rank == 0 or split) else {}
+        if rank != 0:
+            full_state.clear()
         if not on_meta:
             model.to(self.device)
         names = self.mesh.mesh_dim_names or ()
-        if "tp" in names:
+        if "tp" in names and not split:
             from ..parallel.tensor import apply_tensor_parallel
 
             apply_tensor_parallel(model, self.mesh["tp"], self._tensor_parallel_plan())
+        if self.shards:  # tensor parallel alone shards nothing more (Accelerate wraps nothing then)
+            self._shard(model)
+        if on_meta:
+            model.to_empty(device=self.device)
+        if broadcast:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(model, full_state,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+            full_state.clear()
+        self._record_replaced_params(before, model)
+        self._models.append(model)
+        return model
+
+    def _shard(self, model: nn.Module) -> None:
+        """One `fully_shard` per wrap unit (innermost first), then the root, on the data-parallel mesh."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
         is_unit = wrap_unit_filter(self.plugin, model)
         # Containers without a forward (ModuleList, ModuleDict) cannot be units; their children can.
         units = [m for m in model.modules() if m is not model and is_unit(m) and type(m).forward is not nn.Module.forward]
@@ -214,17 +245,6 @@ class FSDPStrategy(Strategy):
         if options["reshard_after_forward"] is True and units:
             options["reshard_after_forward"] = False
         fully_shard(model, **options)
-        if on_meta:
-            model.to_empty(device=self.device)
-        if broadcast:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(model, full_state,
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-            full_state.clear()
-        self._record_replaced_params(before, model)
-        self._models.append(model)
-        return model
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         optimizer = super().setup_optimizer(optimizer)

@@ -1,11 +1,13 @@
-"""N-D parallelism sizes (data replicate x data shard x context x tensor) and the device mesh they describe.
+"""N-D parallelism sizes (data replicate x data shard x context x sequence x tensor) and the device mesh they describe.
 
 Mirrors Accelerate's ``accelerate.parallelism_config.ParallelismConfig`` (itself
-modelled on torchtitan's ``ParallelDims``): the four sizes multiply to the
+modelled on torchtitan's ``ParallelDims``): the sizes multiply to the
 number of processes, and :meth:`ParallelismConfig.build_device_mesh` lays the
 processes out as one named ``DeviceMesh`` with the dimensions ordered
-``("dp_replicate", "dp_shard", "cp", "tp")`` -- tensor parallel innermost, so
-its (chatty) collectives stay between neighbouring ranks, on one machine.
+``("dp_replicate", "dp_shard", "cp", "sp", "tp")`` -- tensor parallel innermost, so
+its (chatty) collectives stay between neighbouring ranks, on one machine. The
+processes of one tp/cp/sp group are neighbours and read the same batch:
+data-parallel rank = ``rank // non_data_parallel_size`` (Accelerate's rule).
 
 Example:
     >>> from hasten.strategies.parallel.mesh import ParallelismConfig
@@ -19,34 +21,64 @@ Example:
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["ParallelismConfig", "MESH_ORDER"]
+__all__ = ["ParallelismConfig", "TorchTensorParallelConfig", "MESH_ORDER"]
 
-# outermost -> innermost; the innermost dims get the neighbouring ranks
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+# outermost -> innermost (Accelerate's order); the innermost dims get the neighbouring ranks
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+
+
+@dataclass
+class TorchTensorParallelConfig:
+    """Accelerate's tensor-parallel handler (``ParallelismConfig(tp_handler=...)``); the default when ``tp_size > 1``.
+
+    Args:
+        enable_async_tp: asynchronous tensor parallel; not supported (as in Accelerate: a warning, then ignored).
+
+    hasten also accepts a plan as the handler: a dict, or an object with a
+    ``tp_plan`` attribute; this one has none, so the model's own plan is used.
+
+    Example:
+        >>> TorchTensorParallelConfig().enable_async_tp
+        False
+    """
+
+    enable_async_tp: bool = False
+
+    def __post_init__(self) -> None:
+        if self.enable_async_tp:
+            warnings.warn("Async tensor parallelism is currently not supported, ignoring this option.", stacklevel=2)
 
 
 @dataclass
 class ParallelismConfig:
     """How many processes each kind of parallelism spans; the product must equal the number of processes.
 
-    Args:
+    Args (Accelerate's, in its order; a size left as None reads ``PARALLELISM_CONFIG_<NAME>``, else 1):
         dp_replicate_size: data-parallel replicas (DDP, or the replicate dim of HSDP); 1 disables it.
         dp_shard_size: processes a model is sharded over (FSDP2); 1 disables sharding.
         tp_size: tensor-parallel degree (``torch.distributed.tensor.parallel``); 1 disables it.
         cp_size: context-parallel degree; only 1 is accepted (context parallel needs SDPA on CUDA).
-        tp_handler: the tensor-parallel plan (a dict of module-name pattern -> "colwise" / "rowwise", or an
-            object with a `tp_plan`); None uses the model's own `tp_plan`.
-        cp_handler: extra context-parallel options, kept for Accelerate compatibility (not read by hasten).
+        cp_backend: ``"torch"`` (the only one).
         sp_size: DeepSpeed's Ulysses sequence-parallel degree (needs a `DeepSpeedPlugin`); 1 disables it.
-        sp_backend: ``"deepspeed"`` (None means it), the only sequence-parallel backend.
+        sp_backend: ``"deepspeed"`` (the only one).
+        tp_handler: a `TorchTensorParallelConfig` (the default when ``tp_size > 1``), or hasten's plan: a dict
+            of module-name pattern -> "colwise" / "rowwise", or an object with a `tp_plan`; without a plan
+            the model's own `tp_plan` is used.
+        cp_handler: the context parallel options (kept, read by its engine).
         sp_handler: a `DeepSpeedSequenceParallelConfig` (made when None and sp_size > 1); see
             ``hasten.strategies.deepspeed.ulysses``.
+
+    A configuration whose sizes are all 1, given to an Accelerator on N
+    processes, becomes ``dp_replicate_size=N`` (plain DDP), as in Accelerate.
 
     ``dp_replicate_size > 1`` with ``dp_shard_size == 1`` is plain DDP; with
     ``dp_shard_size > 1`` it is HSDP. Tensor parallel composes with FSDP/HSDP,
@@ -61,35 +93,37 @@ class ParallelismConfig:
         >>> # mesh = ParallelismConfig(tp_size=2).build_device_mesh("cpu"); mesh["tp"].size()
     """
 
-    dp_replicate_size: int = 1
-    dp_shard_size: int = 1
-    tp_size: int = 1
-    cp_size: int = 1
+    dp_replicate_size: int = None  # type: ignore[assignment]  # None: from the environment, else 1 (as Accelerate)
+    dp_shard_size: int = None  # type: ignore[assignment]
+    tp_size: int = None  # type: ignore[assignment]
+    cp_size: int = None  # type: ignore[assignment]
+    cp_backend: str = None  # type: ignore[assignment]
+    sp_size: int = None  # type: ignore[assignment]
+    sp_backend: str = None  # type: ignore[assignment]
     tp_handler: Any = None
     cp_handler: Any = None
-    # Ulysses sequence parallelism runs inside DeepSpeed (strategies/deepspeed/ulysses.py), on no mesh of ours
-    sp_size: int = 1
-    sp_backend: str | None = None
+    # sp: Ulysses sequence parallelism runs inside DeepSpeed (strategies/deepspeed/ulysses.py), on no mesh of ours
     sp_handler: Any = None
     device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
     # flattened views ("dp", "dp_shard_cp", "dp_cp"), kept because torch is deprecating `root_mesh["flat_name"]`
     flattened_meshes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size"):
+        for name in _SIZES:
             value = getattr(self, name)
-            if value is None:  # Accelerate's default spelling of "not used"
-                setattr(self, name, 1)
-            elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value is None:  # Accelerate's "not given": its launcher's variable, else 1
+                value = int(os.environ.get(f"PARALLELISM_CONFIG_{name.upper()}", "1"))
+                setattr(self, name, value)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ParallelismConfig.{name} must be a whole number >= 1, got {value!r}; "
                                  f"use 1 to switch that parallelism off.")
-        self.sp_size = 1 if self.sp_size is None else self.sp_size
-        if not isinstance(self.sp_size, int) or isinstance(self.sp_size, bool) or self.sp_size < 1:
-            raise ValueError(f"ParallelismConfig.sp_size must be a whole number >= 1, got {self.sp_size!r}; use 1 to "
-                             "switch sequence parallelism off.")
-        self.sp_backend = self.sp_backend or "deepspeed"
-        if self.sp_backend != "deepspeed":
-            raise ValueError(f"ParallelismConfig(sp_backend={self.sp_backend!r}) is unknown; use 'deepspeed'.")
+        for name, default in (("cp_backend", "torch"), ("sp_backend", "deepspeed")):
+            if getattr(self, name) is None:
+                setattr(self, name, os.environ.get(f"PARALLELISM_CONFIG_{name.upper()}", default))
+            if getattr(self, name) != default:
+                raise ValueError(f"ParallelismConfig.{name} must be {default!r}, got {getattr(self, name)!r}.")
+        if self.tp_size > 1 and self.tp_handler is None:
+            self.tp_handler = TorchTensorParallelConfig()
         if self.sp_size > 1 and self.sp_handler is None:
             from ..deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 
@@ -106,7 +140,7 @@ class ParallelismConfig:
     def sizes(self) -> dict[str, int]:
         """Every dimension's size, in mesh order."""
         return {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size,
-                "cp": self.cp_size, "tp": self.tp_size}
+                "cp": self.cp_size, "sp": self.sp_size, "tp": self.tp_size}
 
     @property
     def total_size(self) -> int:
@@ -120,8 +154,8 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
-        """Processes that see the same batch: ``tp_size * cp_size``."""
-        return self.tp_size * self.cp_size
+        """Processes that see the same batch: ``tp_size * cp_size * sp_size``."""
+        return self.tp_size * self.cp_size * self.sp_size
 
     @property
     def dp_replicate_enabled(self) -> bool:
@@ -167,7 +201,8 @@ class ParallelismConfig:
 
     @property
     def non_dp_dim_names(self) -> list[str]:
-        return [name for name in ("cp", "tp") if self.sizes[name] > 1]
+        """The enabled dims whose processes see the same batch (Accelerate's order: tp, cp, sp)."""
+        return [name for name in ("tp", "cp", "sp") if self.sizes[name] > 1]
 
     @property
     def dp_shard_cp_dim_names(self) -> list[str]:
@@ -207,8 +242,30 @@ class ParallelismConfig:
         if self.total_size != num_processes:
             raise ValueError(
                 f"ParallelismConfig needs {self.total_size} processes (dp_replicate {self.dp_replicate_size} x "
-                f"dp_shard {self.dp_shard_size} x cp {self.cp_size} x tp {self.tp_size}) but {num_processes} were "
-                f"started; change the sizes so their product is {num_processes}, or launch {self.total_size} processes.")
+                f"dp_shard {self.dp_shard_size} x cp {self.cp_size} x sp {self.sp_size} x tp {self.tp_size}) but "
+                f"{num_processes} were started; change the sizes so their product is {num_processes}, or launch "
+                f"{self.total_size} processes.")
+
+    def settle(self, num_processes: int, fsdp_plugin_given: bool = False) -> None:
+        """What an Accelerator does with the configuration (Accelerate's `_validate_accelerator`).
+
+        All sizes 1 on several processes becomes ``dp_replicate_size=num_processes``
+        (plain DDP); then the sizes must multiply to `num_processes`, and an FSDP
+        plugin needs a dim to shard over.
+
+        Example:
+            >>> config = ParallelismConfig()
+            >>> config.settle(4)
+            >>> config.dp_replicate_size
+            4
+        """
+        if num_processes > 1 and self.total_size == 1:
+            self.dp_replicate_size = num_processes
+        if not self.sp_enabled:  # DeepSpeed makes its own sequence x data groups over every process (as Accelerate)
+            self.validate(num_processes)
+        if fsdp_plugin_given and num_processes > 1 and not (self.dp_shard_enabled or self.cp_enabled):
+            raise ValueError("an FSDP plugin was given but the ParallelismConfig has no dim to shard over "
+                             "(dp_shard_size and cp_size are 1); set dp_shard_size > 1, or drop the FSDP plugin.")
 
     def build_device_mesh(self, device_type: str) -> DeviceMesh:
         """Build (once) and return the named device mesh over all processes of the default process group.

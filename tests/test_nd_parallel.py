@@ -1,0 +1,118 @@
+"""N-D parallelism through `Accelerator(parallelism_config=...)`: the dataclass against Accelerate's, then training.
+
+Two launches (2 and 4 processes, `tests/scripts/nd_train.py`) run every layout
+that fits them through the normal loop and compare each with one process
+trained on the same global batches; the 4-process one also saves, loads into
+a fresh Accelerator and continues (HSDP, FSDP x TP, TP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from conftest import launch_ranks
+
+from hasten.parallelism_config import ParallelismConfig
+
+TOLERANCE = 1e-5
+BATCH = 2  # per process, as in nd_train.py
+
+LAYOUTS = {  # name -> (processes, sizes, distributed type, mesh dims, flattened views)
+    "dp_shard=2": (2, {"dp_shard_size": 2}, "FSDP", ["dp_shard"], {"dp": 2, "dp_shard_cp": 2, "dp_cp": 2}),
+    "dp_replicate=2": (2, {"dp_replicate_size": 2}, "MULTI_CPU", ["dp_replicate"], {"dp": 2, "dp_cp": 2}),
+    "tp=2": (2, {"tp_size": 2}, "MULTI_CPU", ["tp"], {}),
+    "dp_shard=4": (4, {"dp_shard_size": 4}, "FSDP", ["dp_shard"], {"dp": 4, "dp_shard_cp": 4, "dp_cp": 4}),
+    "dp_replicate=4": (4, {"dp_replicate_size": 4}, "MULTI_CPU", ["dp_replicate"], {"dp": 4, "dp_cp": 4}),
+    "hsdp=2x2": (4, {"dp_replicate_size": 2, "dp_shard_size": 2}, "FSDP", ["dp_replicate", "dp_shard"],
+                 {"dp": 4, "dp_shard_cp": 2, "dp_cp": 4}),
+    "dp_shard=2,tp=2": (4, {"dp_shard_size": 2, "tp_size": 2}, "FSDP", ["dp_shard", "tp"],
+                        {"dp": 2, "dp_shard_cp": 2, "dp_cp": 2}),
+    "tp=4": (4, {"tp_size": 4}, "MULTI_CPU", ["tp"], {}),
+    # a model split already (DTensor parameters, as transformers' tp_plan="auto" leaves it) is only sharded
+    "split before prepare": (4, {"dp_shard_size": 2, "tp_size": 2}, "FSDP", ["dp_shard", "tp"],
+                             {"dp": 2, "dp_shard_cp": 2, "dp_cp": 2}),
+}
+
+
+# -- the dataclass -------------------------------------------------------------------
+def test_fields_and_defaults_match_accelerate():
+    accelerate_pc = pytest.importorskip("accelerate.parallelism_config")
+    theirs, ours = accelerate_pc.ParallelismConfig(), ParallelismConfig()
+    names = [f.name for f in dataclasses.fields(accelerate_pc.ParallelismConfig)]
+    assert [f.name for f in dataclasses.fields(ParallelismConfig) if f.init] == names  # same order: positional calls
+    for name in names:
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert (ours.total_size, ours.dp_dim_names, ours.non_dp_dim_names) == (1, [], [])
+    tp = ParallelismConfig(dp_shard_size=2, tp_size=2)
+    assert type(tp.tp_handler).__name__ == "TorchTensorParallelConfig"  # Accelerate's default handler
+    assert tp.fsdp_dim_names == ["dp_shard_cp"] and tp.non_data_parallel_size == 2
+
+
+def test_sizes_from_accelerates_launcher_variables(monkeypatch):
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "2")
+    config = ParallelismConfig()
+    assert (config.dp_shard_size, config.tp_size, config.total_size) == (2, 2, 4)
+    assert ParallelismConfig(tp_size=1).tp_size == 1  # a given size wins
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"sp_size": 2}, "sp_size=2"),
+    ({"sp_backend": "other"}, "sp_backend must be 'deepspeed'"),
+    ({"cp_backend": "other"}, "cp_backend must be 'torch'"),
+])
+def test_what_hasten_cannot_honour_is_refused(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        ParallelismConfig(**kwargs)
+
+
+def test_settle_is_accelerates_validation():
+    config = ParallelismConfig()
+    config.settle(4)  # all sizes 1 on 4 processes: plain DDP over the 4
+    assert config.dp_replicate_size == 4 and config.total_size == 4
+    with pytest.raises(ValueError, match="needs 2 processes"):
+        ParallelismConfig(tp_size=2).settle(4)
+    with pytest.raises(ValueError, match="no dim to shard over"):
+        ParallelismConfig(tp_size=4).settle(4, fsdp_plugin_given=True)
+
+
+# -- training on real processes --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return {n: launch_ranks("nd_train.py", tmp_path_factory.mktemp(f"nd{n}"), num_processes=n) for n in (2, 4)}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_trains_like_one_process(runs, name):
+    processes, sizes, distributed_type, dims, flat = LAYOUTS[name]
+    results = {rank: result["layouts"][name] for rank, result in runs[processes].items()}
+    config = ParallelismConfig(**sizes)
+    repeats, dp = config.non_data_parallel_size, config.data_parallel_size
+    for rank, result in results.items():
+        assert result["diff"] <= TOLERANCE, f"{name} rank {rank}: parameters differ by {result['diff']}"
+        assert (result["distributed_type"], result["dims"], result["flat"]) == (distributed_type, dims, flat)
+        assert result["gathered"] == list(range(10))  # every evaluation sample once, none repeated
+        assert result["objects"] == [f"s{i}" for i in range(10)]
+        if config.tp_enabled:
+            assert result["tp_rank"] == rank % config.tp_size
+            assert result["dtensors"] >= 8  # the planned linears were split
+        # one tp group reads one batch (Accelerate's rank // (tp * cp)); together the groups read the global batch
+        assert result["seen"] == results[rank - rank % repeats]["seen"]
+    for step in range(len(results[0]["seen"])):
+        rows = sorted(i for rank in range(0, processes, repeats) for i in results[rank]["seen"][step])
+        assert rows == list(range(step * dp * BATCH, (step + 1) * dp * BATCH))
+    assert math.prod(sizes.values()) == processes
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["hsdp=2x2", "dp_shard=2,tp=2", "tp=4"])
+def test_resumed_run_equals_uninterrupted(runs, name):
+    for rank, result in runs[4].items():
+        resumed = result["resumed"][name]
+        assert resumed["diff"] <= TOLERANCE, f"{name} rank {rank}: resumed parameters differ by {resumed['diff']}"
+        assert resumed["seen"] == result["layouts"][name]["seen"][2:4]  # it went on with steps 3 and 4
