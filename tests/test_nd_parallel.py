@@ -59,7 +59,6 @@ def test_sizes_from_accelerates_launcher_variables(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"sp_size": 2}, "sp_size=2"),
     ({"sp_backend": "other"}, "sp_backend must be 'deepspeed'"),
     ({"cp_backend": "other"}, "cp_backend must be 'torch'"),
 ])

@@ -42,7 +42,7 @@ def test_the_options_keep_accelerates_fields_defaults_and_checks(monkeypatch):
     assert parallel.sp_enabled and parallel.sp_backend == "deepspeed"
     assert isinstance(parallel.sp_handler, DeepSpeedSequenceParallelConfig)
     assert ParallelismConfig().sp_handler is None and not ParallelismConfig().sp_enabled
-    with pytest.raises(ValueError, match="sp_backend='torch'"):
+    with pytest.raises(ValueError, match="sp_backend must be 'deepspeed', got 'torch'"):
         ParallelismConfig(sp_size=2, sp_backend="torch")
 
 
