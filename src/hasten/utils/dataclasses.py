@@ -34,6 +34,7 @@ from ..options import (
 )
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from ..strategies.parallel.context import TorchContextParallelConfig
 from ..tracking.base import LoggerType
 from ..unavailable import (
     AORecipeKwargs,
@@ -51,4 +52,5 @@ __all__ = [
     "TorchDynamoPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "BaseEnum", "ComputeEnvironment",
     "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType", "AORecipeKwargs",
     "DeepSpeedSequenceParallelConfig", "FP8RecipeKwargs", "MegatronLMPlugin", "MSAMPRecipeKwargs", "TERecipeKwargs",
+    "TorchContextParallelConfig",
 ]

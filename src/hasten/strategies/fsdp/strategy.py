@@ -140,6 +140,10 @@ class FSDPStrategy(Strategy):
         return self.mesh
 
     def _data_parallel_mesh(self) -> DeviceMesh:
+        config = self.parallelism_config
+        if config is not None and config.cp_enabled:  # as Accelerate: shard over dp_shard x cp, so CP ranks average grads
+            self.mesh  # noqa: B018 - built on first use
+            return self.mesh[tuple(config.fsdp_dim_names)] if config.dp_replicate_enabled else config.submesh("dp_shard_cp")
         names = [n for n in ("dp_replicate", "dp_shard") if n in (self.mesh.mesh_dim_names or ())]
         if not names:  # e.g. tensor parallel only: FSDP over a mesh of one
             from torch.distributed.device_mesh import init_device_mesh
@@ -153,10 +157,13 @@ class FSDPStrategy(Strategy):
         return handler if isinstance(handler, dict) or handler is None else getattr(handler, "tp_plan", None)
 
     def data_parallel_layout(self, num_processes: int, process_index: int) -> tuple[int, int]:
-        if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
+        config = self.parallelism_config
+        if config is None or not (config.tp_enabled or config.cp_enabled):
             return num_processes, process_index
         self.mesh  # noqa: B018 - built on first use
-        dp = self.parallelism_config.submesh("dp")
+        if not config.dp_enabled:  # TP/CP ranks all read the same batches
+            return 1, 0
+        dp = config.submesh("dp")
         return dp.size(), dp.get_local_rank()
 
     def _mixed_precision_policy(self) -> Any:

@@ -39,10 +39,12 @@ class ParallelismConfig:
         dp_replicate_size: data-parallel replicas (DDP, or the replicate dim of HSDP); 1 disables it.
         dp_shard_size: processes a model is sharded over (FSDP2); 1 disables sharding.
         tp_size: tensor-parallel degree (``torch.distributed.tensor.parallel``); 1 disables it.
-        cp_size: context-parallel degree; only 1 is accepted (context parallel needs SDPA on CUDA).
+        cp_size: context-parallel degree: each sequence is split over this many processes inside
+            `accelerator.maybe_context_parallel` (torch's ring attention on CUDA, gathered-KV attention on CPU).
+        cp_backend: ``"torch"``, the only context-parallel backend (as Accelerate).
         tp_handler: the tensor-parallel plan (a dict of module-name pattern -> "colwise" / "rowwise", or an
             object with a `tp_plan`); None uses the model's own `tp_plan`.
-        cp_handler: extra context-parallel options, kept for Accelerate compatibility (not read by hasten).
+        cp_handler: a `TorchContextParallelConfig` (its `cp_comm_strategy`); made by default when cp_size > 1.
 
     ``dp_replicate_size > 1`` with ``dp_shard_size == 1`` is plain DDP; with
     ``dp_shard_size > 1`` it is HSDP. Tensor parallel composes with FSDP/HSDP,
@@ -61,6 +63,7 @@ class ParallelismConfig:
     dp_shard_size: int = 1
     tp_size: int = 1
     cp_size: int = 1
+    cp_backend: str | None = None
     tp_handler: Any = None
     cp_handler: Any = None
     device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
@@ -75,12 +78,24 @@ class ParallelismConfig:
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ParallelismConfig.{name} must be a whole number >= 1, got {value!r}; "
                                  f"use 1 to switch that parallelism off.")
+        self._check_context_parallel()
+        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+            raise ValueError("tensor/context parallelism cannot be combined with plain data replication (dp_replicate_size "
+                             "> 1 with dp_shard_size == 1); set dp_shard_size > 1 to compose it with FSDP/HSDP instead.")
+
+    def _check_context_parallel(self) -> None:
+        import os
+
+        self.cp_backend = self.cp_backend or os.environ.get("PARALLELISM_CONFIG_CP_BACKEND", "torch")
+        if self.cp_backend != "torch":
+            raise ValueError(f"cp_backend={self.cp_backend!r} is not a context-parallel backend; use 'torch'.")
         if self.cp_size > 1:
-            raise ValueError(f"ParallelismConfig(cp_size={self.cp_size}) is not supported: context parallelism needs "
-                             "scaled-dot-product attention kernels on CUDA, which hasten does not wire up; use cp_size=1.")
-        if self.tp_size > 1 and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
-            raise ValueError("tensor parallelism cannot be combined with plain data replication (dp_replicate_size > 1 "
-                             "with dp_shard_size == 1); set dp_shard_size > 1 to compose it with FSDP/HSDP instead.")
+            from .context import TorchContextParallelConfig  # imports torch: only when CP is on
+
+            self.cp_handler = TorchContextParallelConfig() if self.cp_handler is None else self.cp_handler
+            if not isinstance(self.cp_handler, TorchContextParallelConfig):
+                raise ValueError(f"cp_handler must be a TorchContextParallelConfig, not {type(self.cp_handler).__name__}; "
+                                 "pass TorchContextParallelConfig(cp_comm_strategy=...).")
 
     # -- sizes ----------------------------------------------------------------
     @property
@@ -132,8 +147,8 @@ class ParallelismConfig:
 
     @property
     def needs_sharded_engine(self) -> bool:
-        """True when only the FSDP2 strategy can run this layout (sharding or tensor parallel)."""
-        return self.fsdp_enabled or self.tp_enabled
+        """True when only the FSDP2 strategy can run this layout (sharding, tensor or context parallel)."""
+        return self.fsdp_enabled or self.tp_enabled or self.cp_enabled  # CP shards the model over dp_shard_cp
 
     # -- mesh names (Accelerate/torchtitan naming) -----------------------------
     @property
