@@ -1,6 +1,6 @@
-"""Context parallel: buffer sharding, load balancing and restore (unit), then a real 2-process run on gloo.
+"""Context parallel: buffer sharding, load balancing and restore (unit), then real 2- and 4-process runs on gloo.
 
-The 2-process run (tests/scripts/cp_train.py) trains one step inside
+The runs (tests/scripts/cp_train.py: cp 2, and dp_shard 2 x cp 2) train two steps inside
 `maybe_context_parallel` with the CPU path (gathered-KV attention) and must
 match the 1-process model: the loss averaged over ``torch_device_mesh["dp_cp"]``,
 every gradient and every updated parameter within 1e-5.
@@ -13,7 +13,8 @@ from torch.distributed.tensor.experimental._attention import _HeadTailLoadBalanc
 from conftest import launch_ranks
 from hasten.errors import ConfigError
 from hasten.parallelism_config import ParallelismConfig
-from hasten.strategies.parallel.context import (TorchContextParallelConfig, drop_attention_masks,
+from hasten.strategies.parallel.context import (TorchContextParallelConfig, context_parallel_context,
+                                                drop_attention_masks, gathered_kv_context_parallel,
                                                 load_balanced_positions, restore_buffers, shard_buffers)
 from hasten.utils import TorchContextParallelConfig as FromUtils
 
@@ -84,19 +85,37 @@ def test_drop_attention_masks_like_accelerate():
         drop_attention_masks(model)
 
 
+def test_cuda_meshes_get_torchs_context_parallel_with_the_handlers_rotation():
+    from torch.distributed.tensor.experimental import _attention as torch_cp
+
+    cuda_mesh = type("Mesh", (), {"device_type": "cuda"})()
+    try:
+        made = context_parallel_context(cuda_mesh, TorchContextParallelConfig("alltoall"))
+        assert made.func is torch_cp.context_parallel and made.args == (cuda_mesh,)
+        assert torch_cp._cp_options.rotate_method == torch_cp._RotateMethod.ALL_TO_ALL
+    finally:
+        torch_cp.set_rotate_method("allgather")
+    cpu_mesh = type("Mesh", (), {"device_type": "cpu"})()
+    assert context_parallel_context(cpu_mesh, None).func is gathered_kv_context_parallel
+
+
 # -- real processes ----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cp_runs(tmp_path_factory):
-    return launch_ranks("cp_train.py", tmp_path_factory.mktemp("cp"), num_processes=2)
+@pytest.fixture(scope="module", params=[2, 4], ids=["cp2", "dp_shard2_x_cp2"])
+def cp_runs(request, tmp_path_factory):
+    return launch_ranks("cp_train.py", tmp_path_factory.mktemp("cp"), num_processes=request.param)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 def test_context_parallel_on_cpu_equals_one_process(cp_runs):
+    """Every rank's loss over the dp_cp group, gradients and updated parameters are the 1-process model's."""
+    four = len(cp_runs) == 4
     for rank, report in cp_runs.items():
-        assert report["mesh"] == ["cp"] and report["dp_cp_size"] == 2
-        assert report["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]], "CP ranks must read the same batches"
-        for seq in (8, 6):
+        assert report["mesh"] == (["dp_shard", "cp"] if four else ["cp"]) and report["dp_cp_size"] == len(cp_runs)
+        assert report["dp_rank"] == (rank // 2 if four else 0)
+        expected = [[0, 1], [4, 5]] if four and rank < 2 else [[2, 3], [6, 7]] if four else [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert report["batches"] == expected, "the CP ranks of one data-parallel group read the same batches"
+        for seq in (8, 6):  # 8: head-tail balanced; 6: contiguous halves
             step = report[f"seq{seq}"]
             assert step["tokens_inside"] == seq // 2 and step["ids_restored"]
             assert step["labels_kept_sharded"] == seq // 2 and step["labels_are_my_slice"]

@@ -1,6 +1,6 @@
-"""Context parallel (cp_size = number of processes) on CPU against the 1-process model, in every process.
+"""Context parallel (cp 2, with dp_shard 2 on 4 processes) on CPU against the 1-process model, in every process.
 
-Usage: cp_train.py OUT_DIR    (2 processes)
+Usage: cp_train.py OUT_DIR    (2 processes: cp 2; 4 processes: dp_shard 2 x cp 2)
 
 Every process builds the same tiny causal LM from one seed and keeps an
 unsplit copy as the reference (full sequence, real causal mask, no CP). The
@@ -12,6 +12,7 @@ are compared with the reference's. Writes OUT_DIR/rank{N}.json.
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -73,14 +74,15 @@ def full_grads(model):
             for n, p in model.named_parameters()}
 
 
-def batch_of(seq, seed):
+def batch_of(seq, seed, rows=2):
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (2, seq + 1), generator=g)
-    return ids[:, :-1].clone(), torch.arange(seq).expand(2, seq).clone(), ids[:, 1:].clone()  # labels pre-shifted
+    ids = torch.randint(0, VOCAB, (rows, seq + 1), generator=g)
+    return ids[:, :-1].clone(), torch.arange(seq).expand(rows, seq).clone(), ids[:, 1:].clone()  # labels pre-shifted
 
 
 def main(out: Path) -> None:
-    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))
+    dp = int(os.environ["WORLD_SIZE"]) // 2  # cp 2 on 2 processes; dp_shard 2 x cp 2 on 4
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_shard_size=dp, cp_size=2))
     rank = accelerator.process_index
     torch.manual_seed(0)
     model = TinyLM()
@@ -89,17 +91,21 @@ def main(out: Path) -> None:
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     mesh = accelerator.torch_device_mesh
     loss_group = mesh["dp_cp"].get_group()
-    report = {"mesh": list(mesh.mesh_dim_names), "dp_cp_size": mesh["dp_cp"].size()}
+    cp_rank = mesh["cp"].get_local_rank()
+    dp_rank = mesh["dp_shard"].get_local_rank() if dp > 1 else 0
+    report = {"mesh": list(mesh.mesh_dim_names), "dp_cp_size": mesh["dp_cp"].size(), "dp_rank": dp_rank}
 
     # the loader: CP ranks read the same batches
     loader = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(8), batch_size=2))
     report["batches"] = [b.tolist() for b in loader]
 
     for step, seq in enumerate((8, 6)):  # 8: head-tail balanced; 6 (not a multiple of 4): contiguous slices
-        ids, positions, labels = batch_of(seq, step)
-        full_ids = ids.clone()
+        # the reference reads every data-parallel group's rows at once; this process reads its group's 2 rows
+        everything = batch_of(seq, step, rows=2 * dp)
+        ids, positions, labels = (t[2 * dp_rank:2 * dp_rank + 2].clone() for t in everything)
+        full_ids, full_labels = ids.clone(), labels.clone()
         ref_opt.zero_grad()
-        ref_loss = reference(ids, positions, labels)
+        ref_loss = reference(*everything)
         ref_loss.backward()
         ref_opt.step()
         with accelerator.maybe_context_parallel(buffers=[ids, positions, labels], buffer_seq_dims=[1, 1, 1],
@@ -119,7 +125,7 @@ def main(out: Path) -> None:
             "tokens_inside": inside,
             "ids_restored": bool(ids.shape == full_ids.shape and torch.equal(ids, full_ids)),
             "labels_kept_sharded": labels.shape[1],
-            "labels_are_my_slice": bool(torch.equal(labels, batch_of(seq, step)[2][:, load_balanced_positions(seq, 2, rank)])),
+            "labels_are_my_slice": bool(torch.equal(labels, full_labels[:, load_balanced_positions(seq, 2, cp_rank)])),
             "loss_diff": abs(mean_loss.item() - ref_loss.item()),
             "local_loss_differs": abs(loss.item() - ref_loss.item()),
             "grad_max_diff": max((grads[n] - ref[n]).abs().max().item() for n in ref),
