@@ -34,7 +34,7 @@ from ..options import (
 )
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-from ..strategies.parallel.context import TorchContextParallelConfig
+from ..strategies.parallel.context_config import TorchContextParallelConfig
 from ..tracking.base import LoggerType
 from ..unavailable import (
     AORecipeKwargs,

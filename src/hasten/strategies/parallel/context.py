@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,38 +38,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ...errors import ConfigError
+from .context_config import TorchContextParallelConfig
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["TorchContextParallelConfig", "load_balanced_positions", "shard_buffers", "restore_buffers",
            "gathered_kv_attention", "gathered_kv_context_parallel", "context_parallel_context", "drop_attention_masks"]
-
-CP_COMM_STRATEGIES = ("allgather", "alltoall")
-
-
-@dataclass
-class TorchContextParallelConfig:
-    """Options of torch's context parallel (Accelerate's `cp_handler`): how key/value shards travel between ranks.
-
-    Args:
-        cp_comm_strategy: ``"allgather"`` (default; env ``PARALLELISM_CONFIG_CP_COMM_STRATEGY``) or ``"alltoall"``,
-            handed to torch's ``set_rotate_method`` on CUDA. The CPU path always all-gathers.
-
-    Example:
-        >>> TorchContextParallelConfig().cp_comm_strategy
-        'allgather'
-    """
-
-    cp_comm_strategy: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.cp_comm_strategy is None:
-            self.cp_comm_strategy = os.environ.get("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
-        if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
-            raise ConfigError(f"cp_comm_strategy={self.cp_comm_strategy!r} is not a context-parallel strategy; "
-                              f"use one of {CP_COMM_STRATEGIES}.")
-
 
 def load_balanced_positions(seq_len: int, cp_size: int, cp_rank: int) -> torch.Tensor:
     """The sequence positions rank `cp_rank` holds, in the order it holds them (torch's default balancer).

@@ -90,7 +90,7 @@ class ParallelismConfig:
         if self.cp_backend != "torch":
             raise ValueError(f"cp_backend={self.cp_backend!r} is not a context-parallel backend; use 'torch'.")
         if self.cp_size > 1:
-            from .context import TorchContextParallelConfig  # imports torch: only when CP is on
+            from .context_config import TorchContextParallelConfig
 
             self.cp_handler = TorchContextParallelConfig() if self.cp_handler is None else self.cp_handler
             if not isinstance(self.cp_handler, TorchContextParallelConfig):
