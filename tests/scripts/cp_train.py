@@ -1,6 +1,7 @@
 """Context parallel (cp 2, with dp_shard 2 on 4 processes) on CPU against the 1-process model, in every process.
 
 Usage: cp_train.py OUT_DIR    (2 processes: cp 2; 4 processes: dp_shard 2 x cp 2)
+       CP_DEVICE=cuda ... runs it on one GPU per process through torch's ring attention (needs >= 2 GPUs).
 
 Every process builds the same tiny causal LM from one seed and keeps an
 unsplit copy as the reference (full sequence, real causal mask, no CP). The
@@ -63,7 +64,7 @@ class TinyLM(torch.nn.Module):
         x = self.embed(input_ids) + self.position(position_ids)
         seq = input_ids.shape[1]
         # the real causal mask (as an HF model builds one); prepare's hook swaps it for is_causal=True under CP
-        mask = torch.ones(seq, seq, dtype=torch.bool).tril()
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
         for layer in self.layers:
             x = layer(x, mask)
         return F.cross_entropy(self.head(x).flatten(0, 1), labels.flatten())
@@ -82,11 +83,13 @@ def batch_of(seq, seed, rows=2):
 
 def main(out: Path) -> None:
     dp = int(os.environ["WORLD_SIZE"]) // 2  # cp 2 on 2 processes; dp_shard 2 x cp 2 on 4
-    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_shard_size=dp, cp_size=2))
+    accelerator = Accelerator(cpu=os.environ.get("CP_DEVICE", "cpu") == "cpu",
+                              parallelism_config=ParallelismConfig(dp_shard_size=dp, cp_size=2))
+    device = accelerator.device
     rank = accelerator.process_index
     torch.manual_seed(0)
     model = TinyLM()
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model).to(device)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     mesh = accelerator.torch_device_mesh
@@ -101,7 +104,7 @@ def main(out: Path) -> None:
 
     for step, seq in enumerate((8, 6)):  # 8: head-tail balanced; 6 (not a multiple of 4): contiguous slices
         # the reference reads every data-parallel group's rows at once; this process reads its group's 2 rows
-        everything = batch_of(seq, step, rows=2 * dp)
+        everything = tuple(t.to(device) for t in batch_of(seq, step, rows=2 * dp))
         ids, positions, labels = (t[2 * dp_rank:2 * dp_rank + 2].clone() for t in everything)
         full_ids, full_labels = ids.clone(), labels.clone()
         ref_opt.zero_grad()
@@ -125,7 +128,7 @@ def main(out: Path) -> None:
             "tokens_inside": inside,
             "ids_restored": bool(ids.shape == full_ids.shape and torch.equal(ids, full_ids)),
             "labels_kept_sharded": labels.shape[1],
-            "labels_are_my_slice": bool(torch.equal(labels, full_labels[:, load_balanced_positions(seq, 2, cp_rank)])),
+            "labels_are_my_slice": bool(torch.equal(labels, full_labels[:, load_balanced_positions(seq, 2, cp_rank).to(device)])),
             "loss_diff": abs(mean_loss.item() - ref_loss.item()),
             "local_loss_differs": abs(loss.item() - ref_loss.item()),
             "grad_max_diff": max((grads[n] - ref[n]).abs().max().item() for n in ref),
