@@ -83,6 +83,9 @@ def test_drop_attention_masks_like_accelerate():
     model.config = type("Config", (), {"sliding_window": 4})()
     with pytest.raises(ConfigError, match=r"\['sliding_attention'\] layers; use a full-attention model or cp_size=1"):
         drop_attention_masks(model)
+    model.config = type("Config", (), {"_attn_implementation": "eager"})()
+    with pytest.raises(ConfigError, match="uses attn_implementation='eager'; load it with attn_implementation='sdpa'"):
+        drop_attention_masks(model)
 
 
 def test_cuda_meshes_get_torchs_context_parallel_with_the_handlers_rotation():

@@ -214,7 +214,9 @@ def drop_attention_masks(model: torch.nn.Module) -> None:
     """As Accelerate: every ``*self_attn`` module gets ``attention_mask=None, is_causal=True`` (CP has no masks).
 
     Models whose layers use a stricter mask (sliding-window, chunked) are
-    refused, since dropping it would silently train them with full causal attention.
+    refused, since dropping it would silently train them with full causal
+    attention; so are transformers models set to an attention other than
+    SDPA, which would attend over this process's tokens only.
 
     Example:
         >>> drop_attention_masks(torch.nn.Linear(2, 2))   # no self_attn module: nothing to do
@@ -229,6 +231,10 @@ def drop_attention_masks(model: torch.nn.Module) -> None:
     if stricter:
         raise ConfigError(f"context parallelism can only run full causal attention, but {type(model).__name__} has "
                           f"{sorted(stricter)} layers; use a full-attention model or cp_size=1.")
+    implementation = getattr(config, "_attn_implementation", None)
+    if isinstance(implementation, str) and implementation != "sdpa":  # other kernels would see only local tokens
+        raise ConfigError(f"context parallelism works through scaled_dot_product_attention, but {type(model).__name__} "
+                          f"uses attn_implementation={implementation!r}; load it with attn_implementation='sdpa'.")
 
     def causal(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if "attention_mask" in kwargs:
