@@ -1,6 +1,6 @@
 """Context parallel (cp 2, with dp_shard 2 on 4 processes) on CPU against the 1-process model, in every process.
 
-Usage: cp_train.py OUT_DIR    (2 processes: cp 2; 4 processes: dp_shard 2 x cp 2)
+Usage: cp_train.py OUT_DIR    (2 processes: cp 2; 4: dp_shard 2 x cp 2; 8: dp_replicate 2 x dp_shard 2 x cp 2)
        CP_DEVICE=cuda ... runs it on one GPU per process through torch's ring attention (needs >= 2 GPUs).
 
 Every process builds the same tiny causal LM from one seed and keeps an
@@ -83,8 +83,10 @@ def batch_of(seq, seed, rows=2):
 
 def main(out: Path) -> None:
     dp = int(os.environ["WORLD_SIZE"]) // 2  # cp 2 on 2 processes; dp_shard 2 x cp 2 on 4
+    replicate = 2 if dp >= 4 else 1  # 8 processes: HSDP (2 x 2) x cp 2
     accelerator = Accelerator(cpu=os.environ.get("CP_DEVICE", "cpu") == "cpu",
-                              parallelism_config=ParallelismConfig(dp_shard_size=dp, cp_size=2))
+                              parallelism_config=ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=dp // replicate,
+                                                                   cp_size=2))
     device = accelerator.device
     rank = accelerator.process_index
     torch.manual_seed(0)
@@ -95,7 +97,7 @@ def main(out: Path) -> None:
     mesh = accelerator.torch_device_mesh
     loss_group = mesh["dp_cp"].get_group()
     cp_rank = mesh["cp"].get_local_rank()
-    dp_rank = mesh["dp_shard"].get_local_rank() if dp > 1 else 0
+    dp_rank = accelerator.parallelism_config.submesh("dp").get_local_rank() if dp > 1 else 0
     report = {"mesh": list(mesh.mesh_dim_names), "dp_cp_size": mesh["dp_cp"].size(), "dp_rank": dp_rank}
 
     # the loader: CP ranks read the same batches
