@@ -1,5 +1,5 @@
-"""Accelerate's ``accelerate.parallelism_config`` path: `ParallelismConfig`; the code lives in
-`hasten.strategies.parallel.mesh`.
+"""Accelerate's ``accelerate.parallelism_config`` path: `ParallelismConfig` and `TorchContextParallelConfig`; the
+code lives in `hasten.strategies.parallel.mesh` and `.context`.
 
 Example:
     >>> from hasten.parallelism_config import ParallelismConfig
@@ -7,6 +7,7 @@ Example:
     4
 """
 
+from .strategies.parallel.context_config import TorchContextParallelConfig
 from .strategies.parallel.mesh import MESH_ORDER, ParallelismConfig
 
-__all__ = ["ParallelismConfig", "MESH_ORDER"]
+__all__ = ["ParallelismConfig", "MESH_ORDER", "TorchContextParallelConfig"]

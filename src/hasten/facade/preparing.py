@@ -164,6 +164,12 @@ class PreparePart:
                 f"under {strategy.name} the model and its optimizer are set up together, but prepare got {given} alone; "
                 "pass them in the same call: accelerator.prepare(model, optimizer, ...)."
             )
+        config = self.state.parallelism_config
+        if config is not None and config.cp_enabled:  # as Accelerate's _prepare_cp: CP attention takes no masks
+            from ..strategies.parallel.context import drop_attention_masks
+
+            for model in to_wrap:
+                drop_attention_masks(model)
         wrapped, stepped = strategy.setup(to_wrap, optimizers)
         self._compile_models(wrapped)  # torch.compile in place, when a dynamo backend is set
         wrapped_iter = iter(wrapped)

@@ -237,14 +237,28 @@ class RuntimePart:
                                no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
         """Context parallelism around one step when `parallelism_config.cp_size > 1`; otherwise nothing (as Accelerate).
 
-        hasten refuses ``cp_size > 1`` when the `ParallelismConfig` is built,
-        so here this block only runs its body (and says so once).
+        Each buffer (inputs, labels, position ids) is cut along its sequence dim
+        to this rank's load-balanced slice in place, SDPA inside the block
+        attends across the whole sequence (torch's ring attention on CUDA,
+        gathered-KV attention on CPU), and the buffers not in
+        `no_restore_buffers` are put back on exit. Average the loss over
+        ``accelerator.torch_device_mesh["dp_cp"]``. Re-enter it every step.
 
         Example:
             >>> from hasten import Accelerator
-            >>> with Accelerator(cpu=True).maybe_context_parallel():
+            >>> with Accelerator(cpu=True).maybe_context_parallel():   # cp_size 1: runs the body as is
             ...     pass
         """
+        config = self.parallelism_config
+        if config is not None and config.cp_enabled:
+            if getattr(self, "_cp_context", None) is None:
+                from ..strategies.parallel.context import context_parallel_context
+
+                self.torch_device_mesh  # noqa: B018 - builds the mesh
+                self._cp_context = context_parallel_context(config.submesh("cp"), config.cp_handler)
+            with self._cp_context(buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers):
+                yield
+            return
         if not getattr(self, "_said_no_cp", False):
             self._said_no_cp = True
             _logger.warning("Context parallel training is not enabled: maybe_context_parallel has no effect "

@@ -42,6 +42,7 @@ from .dataclasses import (
     RNGType,
     TorchDynamoPlugin,
 )
+from .dataclasses import TorchContextParallelConfig
 from .environment import (
     check_cuda_fp8_capability,
     clear_environment,
@@ -183,6 +184,7 @@ __all__ = [
     "PrecisionType",
     "RNGType",
     "TorchDynamoPlugin",
+    "TorchContextParallelConfig",
     "clear_environment",
     "convert_dict_to_env_variables",
     "get_int_from_env",

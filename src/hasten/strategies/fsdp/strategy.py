@@ -148,6 +148,10 @@ class FSDPStrategy(Strategy):
         return self.mesh
 
     def _data_parallel_mesh(self) -> DeviceMesh:
+        config = self.parallelism_config
+        if config is not None and config.cp_enabled:  # as Accelerate: shard over dp_shard x cp, so CP ranks average grads
+            self.mesh  # noqa: B018 - built on first use
+            return self.mesh[tuple(config.fsdp_dim_names)] if config.dp_replicate_enabled else config.submesh("dp_shard_cp")
         names = [n for n in ("dp_replicate", "dp_shard") if n in (self.mesh.mesh_dim_names or ())]
         if not names:  # e.g. tensor parallel only: FSDP over a mesh of one
             from torch.distributed.device_mesh import init_device_mesh

@@ -3,6 +3,8 @@
 - `mesh.py`: `ParallelismConfig`, the N-D sizes (dp_replicate x dp_shard x cp x tp) and the `DeviceMesh` they
   describe (the peer's path for it is `hasten.parallelism_config`);
 - `tensor.py`: `apply_tensor_parallel` (`parallelize_module` by a plan: the user's or the model's `tp_plan`);
+- `context.py`: `maybe_context_parallel`'s context (torch's `context_parallel` on CUDA, gathered-KV attention on
+  CPU); `context_config.py`: its `TorchContextParallelConfig`;
 - `pipeline.py`: `prepare_pippy` (pipelined inference; the peer's path is `hasten.inference`) and
   `prepare_pipeline_training` (GPipe / 1F1B on `torch.distributed.pipelining`).
 

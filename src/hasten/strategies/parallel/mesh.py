@@ -66,14 +66,15 @@ class ParallelismConfig:
         dp_replicate_size: data-parallel replicas (DDP, or the replicate dim of HSDP); 1 disables it.
         dp_shard_size: processes a model is sharded over (FSDP2); 1 disables sharding.
         tp_size: tensor-parallel degree (``torch.distributed.tensor.parallel``); 1 disables it.
-        cp_size: context-parallel degree; only 1 is accepted (context parallel needs SDPA on CUDA).
+        cp_size: context-parallel degree: each sequence is split over this many processes inside
+            `accelerator.maybe_context_parallel` (torch's ring attention on CUDA, gathered-KV attention on CPU).
         cp_backend: ``"torch"`` (the only one).
         sp_size: DeepSpeed's Ulysses sequence-parallel degree (needs a `DeepSpeedPlugin`); 1 disables it.
         sp_backend: ``"deepspeed"`` (the only one).
         tp_handler: a `TorchTensorParallelConfig` (the default when ``tp_size > 1``), or hasten's plan: a dict
             of module-name pattern -> "colwise" / "rowwise", or an object with a `tp_plan`; without a plan
             the model's own `tp_plan` is used.
-        cp_handler: the context parallel options (kept, read by its engine).
+        cp_handler: a `TorchContextParallelConfig` (its `cp_comm_strategy`); made by default when cp_size > 1.
         sp_handler: a `DeepSpeedSequenceParallelConfig` (made when None and sp_size > 1); see
             ``hasten.strategies.deepspeed.ulysses``.
 
@@ -128,12 +129,19 @@ class ParallelismConfig:
             from ..deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 
             self.sp_handler = DeepSpeedSequenceParallelConfig()
+        if self.cp_size > 1 and self.sp_size > 1:
+            raise ValueError("context parallelism (cp_size > 1) and DeepSpeed sequence parallelism (sp_size > 1) split "
+                             "the same sequences; pick one of them.")
+        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+            raise ValueError("tensor/context parallelism cannot be combined with plain data replication (dp_replicate_size "
+                             "> 1 with dp_shard_size == 1); set dp_shard_size > 1 to compose it with FSDP/HSDP instead.")
         if self.cp_size > 1:
-            raise ValueError(f"ParallelismConfig(cp_size={self.cp_size}) is not supported: context parallelism needs "
-                             "scaled-dot-product attention kernels on CUDA, which hasten does not wire up; use cp_size=1.")
-        if self.tp_size > 1 and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
-            raise ValueError("tensor parallelism cannot be combined with plain data replication (dp_replicate_size > 1 "
-                             "with dp_shard_size == 1); set dp_shard_size > 1 to compose it with FSDP/HSDP instead.")
+            from .context_config import TorchContextParallelConfig
+
+            self.cp_handler = TorchContextParallelConfig() if self.cp_handler is None else self.cp_handler
+            if not isinstance(self.cp_handler, TorchContextParallelConfig):
+                raise ValueError(f"cp_handler must be a TorchContextParallelConfig, not {type(self.cp_handler).__name__}; "
+                                 "pass TorchContextParallelConfig(cp_comm_strategy=...).")
 
     # -- sizes ----------------------------------------------------------------
     @property
@@ -190,8 +198,8 @@ class ParallelismConfig:
 
     @property
     def needs_sharded_engine(self) -> bool:
-        """True when only the FSDP2 strategy can run this layout (sharding or tensor parallel)."""
-        return self.fsdp_enabled or self.tp_enabled
+        """True when only the FSDP2 strategy can run this layout (sharding, tensor or context parallel)."""
+        return self.fsdp_enabled or self.tp_enabled or self.cp_enabled  # CP shards the model over dp_shard_cp
 
     # -- mesh names (Accelerate/torchtitan naming) -----------------------------
     @property
