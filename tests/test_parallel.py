@@ -61,7 +61,7 @@ def test_config_none_means_one():
     ({"dp_shard_size": 0}, "dp_shard_size must be a whole number >= 1"),
     ({"tp_size": -1}, "tp_size must be a whole number >= 1"),
     ({"tp_size": 1.5}, "tp_size must be a whole number >= 1"),
-    ({"cp_size": 2, "cp_backend": "ring"}, "not a context-parallel backend"),
+    ({"cp_size": 2, "cp_backend": "ring"}, "cp_backend must be 'torch', got"),
     ({"cp_size": 2, "dp_replicate_size": 2}, "set dp_shard_size > 1"),
     ({"dp_replicate_size": 2, "tp_size": 2}, "set dp_shard_size > 1"),
 ])
