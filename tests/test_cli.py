@@ -166,3 +166,35 @@ def test_config_keys_hasten_does_not_use_are_named_not_silently_dropped(script, 
     assert notes == ["hasten launch: note: the config file's tpu_name (TPU only) is not used by hasten; "
                      "remove it from the file to silence this note."]  # downcast_bf16 holds its default: no note
     assert "not used" not in hasten("launch", "-q", "--config_file", str(config), str(script)).stderr
+
+
+@pytest.mark.multiprocess
+def test_a_config_files_parallelism_config_builds_the_mesh_as_accelerate_launch_does(tmp_path):
+    from conftest import launch
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, os\nfrom hasten import Accelerator\naccelerator = Accelerator(cpu=True)\n"
+        "config, mesh = accelerator.parallelism_config, accelerator.torch_device_mesh\n"
+        "print(json.dumps({'dims': list(mesh.mesh_dim_names), 'sizes': [config.dp_replicate_size, config.dp_shard_size],"
+        " 'type': accelerator.distributed_type.value,"
+        " 'env': {k: v for k, v in os.environ.items() if 'PARALLELISM_CONFIG' in k}}))\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("use_cpu: true\nparallelism_config:\n  parallelism_config_dp_shard_size: 2\n")
+    result = launch(probe, num_processes=2, launch_args=("--config_file", str(config)))
+    seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(seen) == 2
+    for record in seen:
+        assert record == {"dims": ["dp_shard"], "sizes": [1, 2], "type": "FSDP",
+                          "env": {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_processes", "2", "--parallelism_config_dp_shard_size", "4"],
+     "the parallelism_config sizes multiply to 4 but --num_processes is 2"),
+    (["--num_processes", "4", "--parallelism_config_sp_size", "3"], "parallelism_config_sp_size 3 does not divide"),
+    (["--parallelism_config_cp_comm_strategy", "ring"], "invalid choice: 'ring'"),
+])
+def test_parallelism_flags_that_cannot_work_are_refused_before_anything_starts(script, flags, message):
+    result = hasten("launch", "--cpu", *flags, str(script))
+    assert result.returncode == 2 and message in result.stderr and "SCRIPT-RAN" not in result.stdout

@@ -199,6 +199,10 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.fp8_recipe_handler = self.ao_recipe_handler = self.te_recipe_handler = self.msamp_recipe_handler = None
         self.profile_handler: ProfileKwargs | None = handlers.profile
         self.autocast_handler: AutocastKwargs | None = handlers.autocast
+        if parallelism_config is None and spec.parallelism is not None:  # `hasten launch --use_parallelism_config`
+            from .strategies.parallel.mesh import ParallelismConfig
+
+            parallelism_config = ParallelismConfig()  # the sizes come from PARALLELISM_CONFIG_*, as in Accelerate
         if parallelism_config is not None:  # as Accelerate: the mesh of the sizes given, then settled for this run
             if parallelism_config.total_size > 1 and not parallelism_config.sp_enabled:  # DeepSpeed SP: its own groups
                 parallelism_config.build_device_mesh(self.device.type)

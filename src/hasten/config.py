@@ -165,7 +165,8 @@ class LaunchConfig:
                                      "dynamo_use_dynamic, dynamo_use_regional_compilation)")
     fp8_config: dict = option({}, "FP8 settings", ignored=True)
     megatron_lm_config: dict = option({}, "Megatron-LM settings", ignored=True)
-    parallelism_config: dict = option({}, "N-D parallelism settings", ignored=True)
+    parallelism_config: dict = option({}, "N-D parallelism sizes (parallelism_config_dp_replicate_size, ..._dp_shard_size, "
+                                          "..._tp_size, ..._cp_size, ..._sp_size and their options)")
     tp_config: dict = option({}, "tensor parallelism settings", ignored=True)
     ipex_config: dict = option({}, "IPEX settings", ignored=True)
     mpirun_config: dict = option({}, "read into mpirun_hostfile", ignored=True)

@@ -168,6 +168,28 @@ def dynamo_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
                for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")}}
 
 
+_PARALLELISM_KEYS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "cp_comm_strategy",
+                     "sp_size", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
+
+
+def parallelism_settings(config: Mapping[str, Any]) -> dict[str, str]:
+    """A config file's `parallelism_config` (Accelerate's ``parallelism_config_*`` keys) as the launch spec carries it.
+
+    Example:
+        >>> parallelism_settings({"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 2})
+        {'dp_shard_size': '2', 'tp_size': '2'}
+    """
+    out = {}
+    for key, value in config.items():
+        short = key.removeprefix("parallelism_config_")
+        if short not in _PARALLELISM_KEYS:
+            raise ValueError(f"parallelism_config has an unknown key {key!r}; the keys are "
+                             f"{', '.join('parallelism_config_' + k for k in _PARALLELISM_KEYS)}.")
+        if value is not None:
+            out[short] = str(value)
+    return out
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What `hasten launch` decided, as seen by each process.
@@ -185,6 +207,7 @@ class LaunchSpec:
     deepspeed: dict | None = None  # DeepSpeedConfig fields, when the run uses DeepSpeed
     fsdp: dict | None = None  # FSDPConfig fields, when the run uses FSDP
     dynamo: dict | None = None  # torch.compile settings (`dynamo_settings`), when the launch compiles
+    parallelism: dict | None = None  # `parallelism_settings`: Accelerator() builds a ParallelismConfig from them
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
     max_restarts: int = 0
@@ -225,6 +248,9 @@ class LaunchSpec:
         out.update({"ACCELERATE_DYNAMO_BACKEND": dynamo["backend"], "ACCELERATE_DYNAMO_MODE": dynamo["mode"]})
         out.update({f"ACCELERATE_DYNAMO_{key.upper()}": str(dynamo[key])
                     for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")})
+        if self.parallelism is not None:  # Accelerate's names; ParallelismConfig() reads them, as Accelerate's does
+            out["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+            out.update({f"PARALLELISM_CONFIG_{key.upper()}": value for key, value in self.parallelism.items()})
         if self.debug:
             out["ACCELERATE_DEBUG_MODE"] = "true"
         if self.gradient_accumulation_steps is not None:

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from ..launch_spec import AS_ACCELERATE_ENV, dynamo_settings
+from ..launch_spec import AS_ACCELERATE_ENV, dynamo_settings, parallelism_settings
 from ..config import (
     ConfigError,
     DeepSpeedConfig,
@@ -84,6 +84,26 @@ def _add_dynamo_flags(group: Any) -> None:
                            default=None, action=argparse.BooleanOptionalAction, help=text)
 
 
+# Accelerate's --parallelism_config_* flags: (key in the config file's parallelism_config, type, choices)
+_PARALLELISM_FLAGS = (("dp_replicate_size", int, None), ("dp_shard_size", int, None), ("tp_size", int, None),
+                      ("cp_size", int, None), ("cp_backend", str, ["torch"]),
+                      ("cp_comm_strategy", str, ["allgather", "alltoall"]), ("sp_size", int, None),
+                      ("sp_backend", str, ["deepspeed"]), ("sp_seq_length", str, None),
+                      ("sp_seq_length_is_variable", str, ["true", "false", "True", "False"]),
+                      ("sp_attn_implementation", str, None))
+
+
+def _add_parallelism_flags(group: Any) -> None:
+    """Accelerate's N-D flags; they fill the config file's `parallelism_config` (dest ``pc:parallelism_config_<key>``)."""
+    group.add_argument("--use_parallelism_config", "--use-parallelism-config", dest="pc:use", default=None,
+                       action="store_true", help="build ParallelismConfig() in Accelerator() from the sizes below")
+    for key, kind, choices in _PARALLELISM_FLAGS:
+        name = f"parallelism_config_{key}"
+        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=f"pc:{name}", default=None, type=kind,
+                           choices=choices, metavar=None if choices else key.split("_")[-1].upper(),
+                           help=f"ParallelismConfig's {key} (default: Accelerate's)")
+
+
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "launch",
@@ -112,6 +132,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
             if f.name != "gradient_accumulation_steps":  # the general flag (above) also feeds DeepSpeed
                 _add_field_flag(group, f, f"{prefix}:{f.name}")
     _add_dynamo_flags(parser.add_argument_group("torch.compile (read by Accelerator() through ACCELERATE_DYNAMO_*)"))
+    _add_parallelism_flags(parser.add_argument_group("N-D parallelism (Accelerator() builds a ParallelismConfig)"))
     other = parser.add_argument_group("output")
     other.add_argument("--dry_run", "--dry-run", action="store_true", help="print the command and launch spec, start nothing")
     other.add_argument("-q", "--quiet", action="store_true", help="only the script's own output and errors")
@@ -140,6 +161,9 @@ def resolve_config(args: argparse.Namespace) -> LaunchConfig:
                 flag = f"--{next(iter(options))}"
                 raise ConfigError(f"{flag} is a {'DeepSpeed' if prefix == 'ds' else 'FSDP'} option; add --{switch}.")
             data[section] = {**(data.get(section) or {}), **options}
+    nd = {key.split(":", 1)[1]: value for key, value in given.items() if key.startswith("pc:parallelism_config_")}
+    if nd or given.get("pc:use"):
+        data["parallelism_config"] = {**(data.get("parallelism_config") or {}), **nd}
     dynamo = {key.split(":", 1)[1]: value for key, value in given.items() if key.startswith("dynamo:")}
     if dynamo:
         data["dynamo_config"] = {**(data.get("dynamo_config") or {}), **dynamo}
@@ -185,6 +209,8 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
         if dynamo["backend"] not in {b.value for b in DynamoBackend}:
             raise ConfigError(f"dynamo_backend {dynamo['backend'].lower()!r} is not a torch.compile backend Accelerate "
                               f"names; use one of {', '.join(b.value.lower() for b in DynamoBackend)}.")
+    parallelism = parallelism_settings(config.parallelism_config) if config.parallelism_config else None
+    _check_parallelism(parallelism, config.num_processes)
     spec = LaunchSpec(
         mixed_precision=config.mixed_precision,
         cpu=config.use_cpu,
@@ -193,6 +219,7 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
         deepspeed=dataclasses.asdict(config.deepspeed) if config.use_deepspeed else None,
         fsdp=dataclasses.asdict(config.fsdp) if config.use_fsdp else None,
         dynamo=dynamo,
+        parallelism=parallelism,
     )
     return LaunchPlan(
         target=args.script,
@@ -214,6 +241,25 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
         quiet=args.quiet,
         spec=spec,
     ).validate()
+
+
+def _check_parallelism(parallelism: dict[str, str] | None, num_processes: int) -> None:
+    """Sizes that cannot cover the processes, refused before anything starts (Accelerate finds out in every process)."""
+    if not parallelism:
+        return
+    try:
+        sizes = {key: int(parallelism.get(key, "1")) for key in ("dp_replicate_size", "dp_shard_size", "tp_size",
+                                                                 "cp_size", "sp_size")}
+    except ValueError as error:
+        raise ConfigError(f"parallelism_config sizes must be whole numbers ({error}).") from None
+    total = sizes["dp_replicate_size"] * sizes["dp_shard_size"] * sizes["tp_size"] * sizes["cp_size"]
+    if sizes["sp_size"] > 1:  # DeepSpeed's Ulysses makes its own sequence x data groups over every process
+        if num_processes % sizes["sp_size"]:
+            raise ConfigError(f"parallelism_config_sp_size {sizes['sp_size']} does not divide --num_processes "
+                              f"{num_processes}; pick an sp size that does.")
+    elif total != 1 and total != num_processes:
+        raise ConfigError(f"the parallelism_config sizes multiply to {total} but --num_processes is {num_processes}; "
+                          "make dp_replicate x dp_shard x tp x cp equal the number of processes.")
 
 
 def _check_precision(config: LaunchConfig) -> None:
