@@ -1,6 +1,6 @@
 """Option classes under the peer's path (``accelerate.utils.dataclasses``).
 
-They are defined in `hasten.options` and, for the engine plugins, in
+They are defined in `hasten.options` (the fp8 recipes in `hasten.fp8.recipes`) and, for the engine plugins, in
 `hasten.strategies.fsdp.plugin` / `hasten.strategies.deepspeed.plugin`.
 
 Example:
@@ -35,14 +35,8 @@ from ..options import (
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..tracking.base import LoggerType
-from ..unavailable import (
-    AORecipeKwargs,
-    DeepSpeedSequenceParallelConfig,
-    FP8RecipeKwargs,
-    MegatronLMPlugin,
-    MSAMPRecipeKwargs,
-    TERecipeKwargs,
-)
+from ..fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from ..unavailable import DeepSpeedSequenceParallelConfig, MegatronLMPlugin
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DistributedDataParallelKwargs",
