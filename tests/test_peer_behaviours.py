@@ -123,10 +123,10 @@ def test_a_restart_by_hasten_launch_is_counted_as_torchrun_counts_it(tmp_path):
 
 
 def test_features_hasten_lacks_exist_and_refuse_in_one_sentence():
-    from hasten.utils import AORecipeKwargs, MegatronLMDummyScheduler
+    from hasten.utils import MegatronLMDummyScheduler
     from hasten.utils.dataclasses import DeepSpeedSequenceParallelConfig
 
-    for refused in (AORecipeKwargs, MegatronLMDummyScheduler, DeepSpeedSequenceParallelConfig):
+    for refused in (MegatronLMDummyScheduler, DeepSpeedSequenceParallelConfig):
         with pytest.raises(NotImplementedError) as caught:
             refused(None, total_num_steps=1)
         message = str(caught.value)
