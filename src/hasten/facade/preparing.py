@@ -128,7 +128,7 @@ class PreparePart:
         if len(set(preparable)) < len(preparable):
             raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
         results: list[Any] = list(args)
-        self._fp8.prepare(args, fsdp2=self.strategy.distributed_type is DistributedType.FSDP)  # fp8: Linear -> Float8Linear
+        self._fp8.prepare(args, self.strategy.distributed_type is DistributedType.FSDP, self.strategy)  # Linear -> Float8Linear
         # Models and optimizers are set up together: a sharded strategy replaces the parameters optimizers hold.
         batch_sizes = [obj.batch_size for obj in args if isinstance(obj, DataLoader) and obj.batch_size is not None]
         if batch_sizes:  # an engine (DeepSpeed) sizes its batches from the first loader's

@@ -37,6 +37,32 @@ RECIPE_TYPES = (AORecipeKwargs, TERecipeKwargs, FP8RecipeKwargs)
 _FP8_CAPABILITY = (8, 9)  # Ada Lovelace; Hopper is 9.0
 
 
+def _plain_weights(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """State dicts hold the plain tensors inside torchao's float8 all-gather weights.
+
+    With `enable_fsdp_float8_all_gather` (the default recipe) torchao wraps each
+    converted weight in a tensor subclass, on one process too; safetensors and
+    checkpoint hashing cannot read its storage (Accelerate's `save_state` fails
+    there). The wrapped tensor shares the weight's storage, so nothing is copied.
+    """
+    for key, value in state_dict.items():
+        inner = getattr(value, "_tensor", None)
+        if isinstance(inner, torch.Tensor) and type(value).__name__ == "WeightWithDynamicFloat8CastTensor":
+            # torchao keeps the original Parameter inside: detached, as state_dict() returns, unless keep_vars
+            state_dict[key] = inner if isinstance(value, nn.Parameter) else inner.detach()
+
+
+def _follow_new_weights(before: dict[str, nn.Parameter], model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Point `optimizers` (param groups and any state) at the Parameters that replaced `before`'s in `model`."""
+    after = dict(model.named_parameters())
+    new = {id(old): after[name] for name, old in before.items() if name in after and after[name] is not old}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["params"] = [new.get(id(p), p) for p in group["params"]]
+        for old in [p for p in optimizer.state if id(p) in new]:
+            optimizer.state[new[id(old)]] = optimizer.state.pop(old)
+
+
 @dataclass
 class Fp8Setup:
     """The Accelerator's fp8 choice: enabled or not, the backend, and the recipe handlers by Accelerate's names.
@@ -122,12 +148,17 @@ class Fp8Setup:
                 f"this one has {capability[0]}.{capability[1]}; use mixed_precision='bf16', or emulate fp8 with "
                 "AORecipeKwargs(config=Float8LinearConfig(emulate=True)).")
 
-    def prepare(self, args: tuple[Any, ...], fsdp2: bool) -> None:
+    def prepare(self, args: tuple[Any, ...], fsdp2: bool, strategy: Any) -> None:
         """Convert every model among `prepare`'s arguments to torchao float8 training, as Accelerate's prepare does.
 
-        Under FSDP2 with float8 all-gather, the first optimizer recomputes the
-        float8 weight scales after each step (torchao's
-        `precompute_float8_dynamic_scale_for_fsdp`), as in Accelerate.
+        With float8 all-gather (the default recipe) torchao replaces each
+        converted weight by a new Parameter wrapping the old one; the
+        optimizers of this call, and those `strategy` sets up later, are
+        pointed at the new ones. (Accelerate does not: an optimizer built
+        before `prepare` keeps the old Parameters, which get no gradient, so
+        the fp8 layers never train.) Under FSDP2 with float8 all-gather, the
+        first optimizer recomputes the float8 weight scales after each step
+        (torchao's `precompute_float8_dynamic_scale_for_fsdp`), as in Accelerate.
         """
         if self.backend is not FP8BackendType.AO:
             return
@@ -138,9 +169,16 @@ class Fp8Setup:
         models = [arg for arg in args if isinstance(arg, nn.Module)]
         optimizers = [arg for arg in args if isinstance(arg, torch.optim.Optimizer)]
         for model in models:
+            before = dict(model.named_parameters())
             convert_model_to_fp8_ao(model, config=recipe.config, module_filter_func=recipe.module_filter_func)
+            if recipe.config.enable_fsdp_float8_all_gather:
+                model.register_state_dict_post_hook(_plain_weights)
+                _follow_new_weights(before, model, optimizers)
+                strategy._record_replaced_params(before, model)  # for an optimizer prepared in a later call
         if fsdp2 and models and optimizers and recipe.config.enable_fsdp_float8_all_gather:
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
             model = models[0]
             optimizers[0].register_step_post_hook(lambda *_: precompute_float8_dynamic_scale_for_fsdp(model))
+            # Loaded weights (load_state) need their scales too, or the next forward casts with the old ones.
+            model.register_load_state_dict_post_hook(lambda *_: precompute_float8_dynamic_scale_for_fsdp(model))
