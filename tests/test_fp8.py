@@ -4,6 +4,11 @@ The differential tests run `scripts/fp8_train.py` (written for Accelerate) under
 hasten: the layers Accelerate's own `convert_model_to_fp8_ao` converts, the losses and the final parameters
 must be identical. On this CPU the default recipe runs torch's CPU fp8 matrix product (`torch._scaled_mm`),
 as under Accelerate; `emulate` is torchao's emulation.
+
+Under Accelerate the default recipe (float8 all-gather) replaces each converted weight by a new Parameter,
+and an optimizer built before `prepare` keeps the old ones: the fp8 layers never train. hasten points the
+optimizer at the new Parameters, so the reference is Accelerate with the optimizer built after `prepare(model)`
+(`--late-optimizer`), where it trains them.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ def _port() -> str:
 
 @pytest.fixture(scope="module")
 def one_process() -> dict[str, dict[str, dict]]:
-    cases = "default,emulate,filter"
-    return {lib: _records([sys.executable, str(SCRIPT), "--lib", lib, "--cases", cases]) for lib in ("accelerate", "hasten")}
+    cases = ["--cases", "default,emulate,filter"]
+    return {"accelerate": _records([sys.executable, str(SCRIPT), "--lib", "accelerate", *cases, "--late-optimizer"]),
+            "hasten": _records([sys.executable, str(SCRIPT), "--lib", "hasten", *cases])}
 
 
 def test_the_same_layers_become_float8_as_under_accelerate(one_process):
@@ -55,8 +61,9 @@ def test_losses_and_parameters_are_bitwise_accelerates(one_process):
     for case in ("default", "emulate", "filter"):
         peer, ours = one_process["accelerate"][case], one_process["hasten"][case]
         assert ours["losses"] == peer["losses"] and ours["params"] == peer["params"], case
-    # emulation is really another computation: its numbers differ from torch's CPU fp8 kernel's after the first step
-    assert one_process["hasten"]["emulate"]["losses"][1:] != one_process["hasten"]["default"]["losses"][1:]
+        assert ours["frozen"] == peer["frozen"] == [], case  # every parameter trained, the fp8 layers' too
+    # emulation is really another computation: its parameters differ from those of torch's CPU fp8 kernel
+    assert one_process["hasten"]["emulate"]["params"] != one_process["hasten"]["default"]["params"]
 
 
 def test_accelerator_fp8_attributes_match_accelerate(one_process):
@@ -68,16 +75,18 @@ def test_accelerator_fp8_attributes_match_accelerate(one_process):
 
 
 @pytest.mark.multiprocess
-def test_fsdp2_float8_all_gather_trains_as_accelerate_ddp():
-    """FSDP2 gathers the weights in fp8 (torchao's tensor subclass) over gloo and trains exactly as DDP does."""
+def test_fsdp2_float8_all_gather_trains_as_accelerate_ddp(tmp_path):
+    """FSDP2 gathers the weights in fp8 (torchao's tensor subclass) over gloo, trains exactly as DDP, resumes exactly."""
     peer = _records([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
                      "--mixed_precision", "no", "--dynamo_backend", "no", "--num_processes", "2",
-                     "--main_process_port", _port(), str(SCRIPT), "--lib", "accelerate"])["default"]
+                     "--main_process_port", _port(), str(SCRIPT), "--lib", "accelerate", "--late-optimizer"])["default"]
     ours = _records([sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "--main_process_port", _port(),
-                     "--use_fsdp", "--fsdp_version", "2", str(SCRIPT), "--lib", "hasten"])["default"]
+                     "--use_fsdp", "--fsdp_version", "2", str(SCRIPT), "--lib", "hasten",
+                     "--resume-check", str(tmp_path / "ckpt")])["default"]
     assert (peer["distributed_type"], ours["distributed_type"], ours["processes"]) == ("MULTI_CPU", "FSDP", 2)
     assert ours["weights"] == ["WeightWithDynamicFloat8CastTensor"] and ours["converted"] == CONVERTED
-    assert ours["losses"] == peer["losses"] and ours["params"] == peer["params"]
+    assert ours["losses"] == peer["losses"] and ours["params"] == peer["params"] and ours["frozen"] == []
+    assert ours["resumed"] is True  # save_state, 2 steps, load_state: the same 2 steps (the fp8 scales recomputed)
 
 
 # -- in process: choices and refusals -----------------------------------------------------------------------------
@@ -94,6 +103,22 @@ def test_mixed_precision_fp8_alone_picks_torchao_with_accelerates_recipe():
     model = accelerator.prepare(torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)]))
     assert [type(m).__name__ for m in model] == ["Linear", "Float8Linear", "Linear"]
     assert model(torch.randn(2, 16)).dtype == torch.float32  # bf16 autocast inside, outputs cast back as Accelerate
+
+
+def test_an_optimizer_built_before_prepare_trains_the_fp8_layers():
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True, mixed_precision="fp8")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert all(id(p) in held for p in model.parameters())  # torchao's new Parameters, not the replaced ones
+    before = model[1].weight._tensor.detach().clone()
+    accelerator.backward(model(torch.randn(8, 32)).pow(2).mean())
+    optimizer.step()
+    assert not torch.equal(model[1].weight._tensor, before)
 
 
 def test_without_fp8_nothing_is_converted():
@@ -143,3 +168,30 @@ def test_other_backends_refuse_in_one_sentence():
         Fp8Setup.resolve([], "fp8", torch.device("cpu"), deepspeed=True)
     with pytest.raises(ValueError, match="set those fields on the Float8LinearConfig"):
         AORecipeKwargs(config=AORecipeKwargs().config, pad_inner_dim=False)
+
+
+def test_save_state_and_resume_with_float8_all_gather_weights(tmp_path):
+    """The default recipe wraps weights in torchao's tensor subclass even on one process; checkpoints hold plain tensors."""
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True, mixed_precision="fp8")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert type(model[1].weight).__name__ == "WeightWithDynamicFloat8CastTensor"
+    x = torch.randn(8, 32)
+
+    def step() -> float:
+        loss = model(x).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.item()
+
+    step()
+    accelerator.save_state(tmp_path / "ckpt")
+    before = [step() for _ in range(2)]
+    accelerator.load_state(tmp_path / "ckpt")
+    assert [step() for _ in range(2)] == before
+    assert all(type(t) is torch.Tensor for t in accelerator.get_state_dict(model).values())

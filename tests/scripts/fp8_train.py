@@ -17,6 +17,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--lib", choices=["accelerate", "hasten"], required=True)
 parser.add_argument("--cases", default="default", help="comma-separated: default, emulate, filter, no_all_gather")
 parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--resume-check", metavar="DIR",
+                    help="after the digest: save_state to DIR, 2 steps, load_state, the same 2 steps again")
+parser.add_argument("--late-optimizer", action="store_true",
+                    help="build the optimizer after preparing the model (Accelerate's default fp8 recipe needs it)")
 args = parser.parse_args()
 lib = importlib.import_module(args.lib)
 utils = importlib.import_module(f"{args.lib}.utils")
@@ -61,11 +65,16 @@ def run(case):
     accelerator = lib.Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=recipes(case))
     torch.manual_seed(0)
     model = Net()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     n = 8 * args.steps * accelerator.num_processes
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(n, 16), torch.randn(n, 16)),
                                          batch_size=8)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if args.late_optimizer:
+        model = accelerator.prepare(model)
+        optimizer, loader = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3), loader)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # The local tensor type of the converted weights: torchao's float8 all-gather wraps them.
     weights = sorted({type(getattr(m.weight, "_local_tensor", m.weight)).__name__ for m in model.modules()
                       if type(m).__name__ == "Float8Linear"})
@@ -78,13 +87,29 @@ def run(case):
         losses.append(float(accelerator.reduce(loss.detach(), "mean")).hex())
     state = accelerator.get_state_dict(model)
     digest = hashlib.sha256()
+    frozen = []  # parameters the optimizer never moved
     for name in sorted(state):
-        tensor = getattr(state[name], "_tensor", state[name])  # the float8 all-gather weight wraps a plain tensor
-        digest.update(name.encode() + tensor.detach().float().contiguous().numpy().tobytes())
+        tensor = getattr(state[name], "_tensor", state[name]).detach()  # the float8 all-gather weight wraps a tensor
+        digest.update(name.encode() + tensor.float().contiguous().numpy().tobytes())
+        if torch.equal(tensor, initial[name]):
+            frozen.append(name)
     converted = sorted(n for n, m in accelerator.unwrap_model(model).named_modules() if type(m).__name__ == "Float8Linear")
     config = accelerator.ao_recipe_handler.config
+    resumed = None
+    if args.resume_check:
+        def step():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            return float(accelerator.reduce(loss.detach(), "mean")).hex()
+
+        accelerator.save_state(args.resume_check)
+        after_save = [step(), step()]
+        accelerator.load_state(args.resume_check)
+        resumed = [step(), step()] == after_save
     if accelerator.is_main_process:
-        print(json.dumps({"case": case, "converted": converted, "losses": losses, "params": digest.hexdigest(),
+        print(json.dumps({"case": case, "converted": converted, "frozen": frozen, "resumed": resumed, "losses": losses, "params": digest.hexdigest(),
                           "backend": str(accelerator.fp8_backend.value), "enabled": accelerator.fp8_enabled,
                           "emulate": config.emulate, "all_gather": config.enable_fsdp_float8_all_gather,
                           "pad_inner_dim": config.pad_inner_dim, "mixed_precision": accelerator.mixed_precision,
