@@ -122,7 +122,7 @@ class MSAMPRecipeKwargs(KwargsHandler):
         NotImplementedError: MSAMPRecipeKwargs configures MS-AMP, which hasten does not support; train in fp8 with AORecipeKwargs (torchao) or TERecipeKwargs (Transformer Engine) instead.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, opt_level: str | None = None) -> None:
         raise NotImplementedError(f"MSAMPRecipeKwargs {_MSAMP}")
 
 
