@@ -342,6 +342,18 @@ def render(records: list[dict], quick: bool) -> str:
                  f"{r['loss_diff']:.1e}"] for r in compiled]
         lines += table(["variant", "compile", "steps/s", "vs eager", "|loss − eager|"], rows)
 
+    # fp8 (torchao, emulated on a CPU)
+    fp8 = [r for r in by(records, "fp8") if "steps_s" in r]
+    if fp8:
+        same = next((r["equal"] for r in by(records, "fp8") if "equal" in r), None)
+        lines += ["## fp8 (torchao float8, emulated)", "",
+                  (f"An MLP of {fp8[0]['blocks']} residual blocks (d={fp8[0]['width']}) trained with AdamW on 1 CPU "
+                   f"thread, fp8 Linear layers in torchao's emulation (`Float8LinearConfig(emulate=True)`), bf16 "
+                   f"autocast; each variant in a fresh process, median of {fp8[0]['rounds']} alternating rounds. "
+                   f"hasten's losses equal Accelerate's bit for bit: {'—' if same is None else ('yes' if same else '**no**')}."), ""]
+        rows = [[r["name"], f(r["steps_s"], 2), f(r["vs_raw"], 3), f(r.get("vs_accelerate"), 3)] for r in fp8]
+        lines += table(["variant", "steps/s", "vs raw", "vs Accelerate"], rows)
+
     # checkpoints
     ckpt = by(records, "checkpoint")
     if ckpt:

@@ -45,6 +45,7 @@ BENCHMARKS = [
     ("big_model.py", 3600, 1200, None),
     ("faults.py", 1800, 900, None),
     ("compile.py", 1800, 600, None),
+    ("fp8.py", 1800, 600, "torchao"),
 ]
 from _chart import chart  # noqa: E402
 from _render import PEERS, once, render  # noqa: E402

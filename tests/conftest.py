@@ -38,6 +38,16 @@ def launch(script: str | Path, *script_args: str, num_processes: int = 2, launch
     return result
 
 
+@pytest.fixture
+def no_fp8_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make torchao and Transformer Engine look absent in this process (the test extra installs torchao)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name.split(".")[0] in
+                        ("torchao", "transformer_engine") else real(name, *args))
+
+
 def run_with_timeout(command: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `command` in its own session; on timeout kill the whole session (no orphaned ranks) and fail."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

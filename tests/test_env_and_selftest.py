@@ -116,7 +116,7 @@ def test_env_prints_the_facts(tmp_path):
     assert ram.endswith(" GiB") and float(ram.split()[0]) > 0
 
 
-def test_env_without_a_file_and_with_a_broken_one(tmp_path, monkeypatch, capsys):
+def test_env_without_a_file_and_with_a_broken_one(tmp_path, monkeypatch, capsys, no_fp8_backend):
     from hasten.cli.main import main
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))

@@ -317,7 +317,7 @@ def test_refuses_bad_process_counts(tmp_path, num_processes):
 
 
 @pytest.mark.timeout(60)
-def test_refuses_other_impossible_launches(tmp_path, monkeypatch):
+def test_refuses_other_impossible_launches(tmp_path, monkeypatch, no_fp8_backend):
     args = (str(tmp_path),)
     with pytest.raises(LaunchError, match="mixed_precision='fp8' needs torchao"):
         notebook_launcher(record_call, args, num_processes=2, mixed_precision="fp8")

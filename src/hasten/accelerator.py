@@ -28,6 +28,7 @@ from .facade.preparing import PreparePart, make_dynamo_plugin
 from .facade.processes import ProcessPart
 from .facade.runtime import RuntimePart
 from .facade.trackers import TrackerPart
+from .fp8.setup import RECIPE_TYPES, Fp8Setup
 from .gradient_state import GradientState
 from .launch_spec import LaunchSpec
 from .options import (
@@ -36,6 +37,7 @@ from .options import (
     DistributedDataParallelKwargs,
     DistributedType,
     DynamoBackend,
+    FP8BackendType,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
@@ -106,15 +108,17 @@ class _Handlers:
     scheduler: SchedulerKwargs = field(default_factory=SchedulerKwargs)
     profile: ProfileKwargs | None = None
     autocast: AutocastKwargs | None = None
+    fp8_recipes: list[Any] = field(default_factory=list)  # hasten.fp8's recipe handlers, for Fp8Setup
 
     @classmethod
     def split(cls, handlers: list[Any] | None) -> "_Handlers":
         scheduler = next((h for h in handlers or [] if isinstance(h, SchedulerKwargs)), SchedulerKwargs())
-        found = split_kwargs_handlers([h for h in handlers or [] if not isinstance(h, SchedulerKwargs)])
+        recipes = [h for h in handlers or [] if type(h) in RECIPE_TYPES]
+        found = split_kwargs_handlers([h for h in handlers or [] if not isinstance(h, SchedulerKwargs) and type(h) not in RECIPE_TYPES])
         return cls(process_group=found.get(InitProcessGroupKwargs, InitProcessGroupKwargs()),
                    ddp=found.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs()),
                    scaler=found.get(GradScalerKwargs, GradScalerKwargs()), scheduler=scheduler,
-                   profile=found.get(ProfileKwargs), autocast=found.get(AutocastKwargs))
+                   profile=found.get(ProfileKwargs), autocast=found.get(AutocastKwargs), fp8_recipes=recipes)
 
 
 def _accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int | None,
@@ -195,8 +199,12 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.gradient_state = GradientState(plugin)
         self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        # Accelerate's fp8 recipe handlers: hasten drives no fp8 engine yet, so none is ever set.
-        self.fp8_recipe_handler = self.ao_recipe_handler = self.te_recipe_handler = self.msamp_recipe_handler = None
+        # fp8: the backend and recipe chosen once (hasten.fp8); prepare converts models through it.
+        mixed_precision = _first_given(mixed_precision, spec.mixed_precision, "no")
+        self._fp8 = Fp8Setup.resolve(handlers.fp8_recipes, mixed_precision, self.device, deepspeed_plugin is not None)
+        self.fp8_enabled, self.has_fp8_handler, self.delayed_fp8_autocast = self._fp8.enabled, self._fp8.has_handler, False
+        self.fp8_recipe_handler, self.ao_recipe_handler = self._fp8.fp8_recipe_handler, self._fp8.ao_recipe_handler
+        self.te_recipe_handler, self.msamp_recipe_handler = self._fp8.te_recipe_handler, self._fp8.msamp_recipe_handler
         self.profile_handler: ProfileKwargs | None = handlers.profile
         self.autocast_handler: AutocastKwargs | None = handlers.autocast
         if parallelism_config is None and spec.parallelism is not None:  # `hasten launch --use_parallelism_config`
@@ -211,7 +219,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.strategy = select_strategy(
             self.device,
             self.state.num_processes,
-            _first_given(mixed_precision, spec.mixed_precision, "no"),
+            mixed_precision,
             ddp_kwargs=handlers.ddp.to_kwargs(),
             ddp_comm_hook=handlers.ddp.register_comm_hook,
             scaler_kwargs=handlers.scaler.to_kwargs(),
@@ -238,6 +246,11 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
     @property
     def mixed_precision(self) -> str:
         return self.precision.name
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The fp8 library in use (``FP8BackendType.AO`` for torchao), ``NO`` without fp8."""
+        return self._fp8.backend
 
     @property
     def sync_gradients(self) -> bool:

@@ -198,8 +198,8 @@ class LaunchConfig:
             _check_value(f, getattr(self, f.name), f.name)
         check_layout(self.num_processes, self.num_machines, self.machine_rank, self.main_process_ip,
                      self.main_process_port)
-        if self.mixed_precision == "fp8":
-            raise ConfigError(fp8_problem())
+        if self.mixed_precision == "fp8" and (problem := fp8_problem()):
+            raise ConfigError(problem)
         if self.use_deepspeed and self.use_fsdp:
             raise ConfigError("DeepSpeed and FSDP cannot be used together; choose one of use_deepspeed or use_fsdp.")
         if self.mpirun and (self.use_deepspeed or self.use_fsdp):

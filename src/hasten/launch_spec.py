@@ -54,15 +54,18 @@ MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early and resumes when started again
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
-# The one list of mixed precision choices (flags, config files, Accelerator); "fp8" is refused by `fp8_problem`.
+# The one list of mixed precision choices (flags, config files, Accelerator); "fp8" needs a backend (`fp8_problem`).
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 
 
-def fp8_problem() -> str:
-    """The one sentence that refuses mixed_precision="fp8" (imports nothing: usable before torch is loaded).
+def fp8_problem() -> str | None:
+    """The one sentence that refuses mixed_precision="fp8" when no fp8 backend is installed, else None.
+
+    It imports nothing (usable before torch is loaded); the fp8 training
+    itself is `hasten.fp8`'s.
 
     Example:
-        >>> fp8_problem().startswith("mixed_precision='fp8'")
+        >>> fp8_problem() is None or fp8_problem().startswith("mixed_precision='fp8'")
         True
     """
     from importlib.util import find_spec
@@ -70,7 +73,7 @@ def fp8_problem() -> str:
     if find_spec("torchao") is None and find_spec("transformer_engine") is None:
         return ("mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine and neither is installed; "
                 "install one (pip install torchao) or use mixed_precision='bf16'.")
-    return "mixed_precision='fp8' training is not built into this hasten version yet; use mixed_precision='bf16'."
+    return None
 
 
 def debug_requested(env: Mapping[str, str] | None = None) -> bool:
@@ -217,8 +220,8 @@ class LaunchSpec:
             raise ValueError(
                 f"mixed_precision={self.mixed_precision!r} is not one of {', '.join(MIXED_PRECISION_CHOICES)}."
             )
-        if self.mixed_precision == "fp8":
-            raise ValueError(fp8_problem())
+        if self.mixed_precision == "fp8" and (problem := fp8_problem()):
+            raise ValueError(problem)
 
     def to_env(self) -> dict[str, str]:
         return {SPEC_ENV_VAR: json.dumps(asdict(self), sort_keys=True)}

@@ -1,4 +1,4 @@
-"""Mixed precision policies: "no", "fp16" (autocast + GradScaler), "bf16" (autocast).
+"""Mixed precision policies: "no", "fp16" (autocast + GradScaler), "bf16" and "fp8" (bf16 autocast).
 
 The policy is chosen once from (precision, device). As in Accelerate, the
 model's forward is wrapped at `prepare` time in autocast, and its fp16/bf16
@@ -25,7 +25,8 @@ from .launch_spec import MIXED_PRECISION_CHOICES, cpu_fp16_enabled, fp8_problem
 
 __all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32"]
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# fp8 runs its forward under bf16 autocast as in Accelerate; the fp8 matrix products are `hasten.fp8`'s Float8Linear.
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 def _is_half(value: Any) -> bool:
@@ -57,8 +58,8 @@ def check_precision_supported(precision: str, device_type: str, bf16_supported: 
     if precision not in MIXED_PRECISION_CHOICES:
         choices = ", ".join(repr(c) for c in MIXED_PRECISION_CHOICES)
         raise ValueError(f"mixed_precision={precision!r} is not one of {choices}; pick one of those.")
-    if precision == "fp8":
-        raise ValueError(fp8_problem())
+    if precision == "fp8" and (problem := fp8_problem()):
+        raise ValueError(problem)
     if precision == "bf16" and device_type == "cuda":
         if bf16_supported is None:
             bf16_supported = torch.cuda.is_bf16_supported()

@@ -18,13 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "MegatronLMPlugin",
-    "MegatronLMDummyScheduler", "MegatronLMDummyDataLoader", "AbstractTrainStep", "GPTTrainStep",
+    "MegatronLMPlugin", "MegatronLMDummyScheduler", "MegatronLMDummyDataLoader", "AbstractTrainStep", "GPTTrainStep",
     "BertTrainStep", "T5TrainStep", "avg_losses_across_data_parallel_group",
 ]
 
 _MEGATRON = "needs the Megatron-LM engine, which hasten does not have; train with DDP, FSDP or DeepSpeed instead."
-_FP8 = "configures fp8 training, which this hasten version does not have yet; use mixed_precision='bf16'."
 
 
 def _refused(name: str, reason: str) -> type:
@@ -38,10 +36,6 @@ def _refused(name: str, reason: str) -> type:
     return type(name, (), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
 
 
-AORecipeKwargs = _refused("AORecipeKwargs", _FP8)
-TERecipeKwargs = _refused("TERecipeKwargs", _FP8)
-MSAMPRecipeKwargs = _refused("MSAMPRecipeKwargs", _FP8)
-FP8RecipeKwargs = _refused("FP8RecipeKwargs", _FP8)
 MegatronLMPlugin = _refused("MegatronLMPlugin", _MEGATRON)
 MegatronLMDummyScheduler = _refused("MegatronLMDummyScheduler", _MEGATRON)
 MegatronLMDummyDataLoader = _refused("MegatronLMDummyDataLoader", _MEGATRON)

@@ -20,7 +20,7 @@ from ..config import (
     save_config,
     to_dict,
 )
-from ..launch_spec import CONFIG_FILE_ENV, EXIT_INTERRUPTED, MIXED_PRECISION_CHOICES
+from ..launch_spec import CONFIG_FILE_ENV, EXIT_INTERRUPTED, MIXED_PRECISION_CHOICES, fp8_problem
 from . import prompts
 
 _MACHINE_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "TPU")
@@ -189,8 +189,8 @@ def ask_answers(defaults: LaunchConfig | None = None, gpus: int | None = None) -
         answers["use_cpu"] = prompts.ask_bool(_question(Q, "use_cpu"), d.use_cpu or not gpus)
     elif machine == "MULTI_CPU":
         answers["use_cpu"] = True
-    # fp8 is refused at launch (launch_spec.fp8_problem), so the questionnaire does not offer it
-    usable = tuple(c for c in _choices(Q, "mixed_precision") if c != "fp8")
+    # fp8 is offered only where a backend is installed (else it is refused at launch: launch_spec.fp8_problem)
+    usable = tuple(c for c in _choices(Q, "mixed_precision") if c != "fp8" or not fp8_problem())
     answers["mixed_precision"] = prompts.ask_choice(_question(Q, "mixed_precision"), usable,
                                                     d.mixed_precision)
     if distributed:

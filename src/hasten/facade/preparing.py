@@ -14,12 +14,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..options import DataLoaderConfiguration, TorchDynamoPlugin
+from ..options import DataLoaderConfiguration, DistributedType, TorchDynamoPlugin
 from ..runtime.optimizer import AcceleratedOptimizer
 from ..runtime.scheduler import AcceleratedScheduler
 
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
+    from ..fp8.setup import Fp8Setup
     from ..gradient_state import GradientState
     from ..runtime.state import AcceleratorState
     from ..strategies.base import Strategy
@@ -76,6 +77,7 @@ class PreparePart:
     dynamo_plugin: TorchDynamoPlugin
     step_scheduler_with_optimizer: bool
     _scheduler_once_per_step: bool
+    _fp8: Fp8Setup
 
     def _init_loader_settings(self, config: DataLoaderConfiguration, split_batches: bool | None, even_batches: bool | None,
                               device_placement: bool, rng_types: list[Any] | None) -> None:
@@ -126,6 +128,7 @@ class PreparePart:
         if len(set(preparable)) < len(preparable):
             raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
         results: list[Any] = list(args)
+        self._fp8.prepare(args, self.strategy.distributed_type is DistributedType.FSDP, self.strategy)  # Linear -> Float8Linear
         # Models and optimizers are set up together: a sharded strategy replaces the parameters optimizers hold.
         batch_sizes = [obj.batch_size for obj in args if isinstance(obj, DataLoader) and obj.batch_size is not None]
         if batch_sizes:  # an engine (DeepSpeed) sizes its batches from the first loader's

@@ -101,7 +101,7 @@ class SageMakerDistributedType(str, enum.Enum):
 
 
 class FP8BackendType(str, enum.Enum):
-    """fp8 libraries by the peer's names (hasten does not train in fp8 yet: `mixed_precision="fp8"` is refused).
+    """fp8 libraries by the peer's names (`Accelerator.fp8_backend`; hasten drives AO, torchao).
 
     Example:
         >>> FP8BackendType("AO").name

@@ -169,7 +169,13 @@ class Strategy:
                 "prepare the model and the optimizer before the first optimizer step."
             )
         for group in groups:
-            group["params"] = [self._replaced_params.get(id(p), p) for p in group["params"]]
+            group["params"] = [self._newest(p) for p in group["params"]]
+
+    def _newest(self, param: nn.Parameter) -> nn.Parameter:
+        # A parameter can be replaced twice (fp8 conversion, then sharding): follow the chain to the end.
+        while id(param) in self._replaced_params:
+            param = self._replaced_params[id(param)]
+        return param
 
     # -- the hot path --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:

@@ -74,6 +74,8 @@ from .other import (
     write_basic_config,
 )
 from .random import synchronize_rng_state, synchronize_rng_states
+from .ao import convert_model_to_fp8_ao, filter_first_and_last_linear_layers, has_ao_layers
+from .dataclasses import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .tqdm import tqdm
 from .unavailable import *  # noqa: F401,F403 - features hasten lacks: they exist and refuse when used
 from ..unavailable import __all__ as _unavailable
@@ -217,6 +219,8 @@ __all__ = [
     "is_torch_version",
     *_probes,
     *_unavailable,
+    "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers",
+    "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs",
     "skip_first_batches",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",

@@ -1,6 +1,6 @@
 """Option classes under the peer's path (``accelerate.utils.dataclasses``).
 
-They are defined in `hasten.options` and, for the engine plugins, in
+They are defined in `hasten.options` (the fp8 recipes in `hasten.fp8.recipes`) and, for the engine plugins, in
 `hasten.strategies.fsdp.plugin` / `hasten.strategies.deepspeed.plugin`.
 
 Example:
@@ -38,13 +38,8 @@ from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..strategies.parallel.mesh import TorchTensorParallelConfig
 from ..strategies.parallel.context_config import TorchContextParallelConfig
 from ..tracking.base import LoggerType
-from ..unavailable import (
-    AORecipeKwargs,
-    FP8RecipeKwargs,
-    MegatronLMPlugin,
-    MSAMPRecipeKwargs,
-    TERecipeKwargs,
-)
+from ..fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from ..unavailable import MegatronLMPlugin
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DistributedDataParallelKwargs",

@@ -1,0 +1,15 @@
+"""fp8 training: Accelerate's recipe handlers, torchao's float8 conversion with Accelerate's filter, the one-time choice.
+
+- `recipes.py`: `AORecipeKwargs`, `TERecipeKwargs`, `MSAMPRecipeKwargs` (refused), `FP8RecipeKwargs`.
+- `ao.py`: `convert_model_to_fp8_ao` and the default module filter (``accelerate.utils.ao``'s names).
+- `setup.py`: `Fp8Setup`, chosen once in `Accelerator.__init__` and applied to models in `prepare`.
+
+Example:
+    >>> from hasten.fp8 import AORecipeKwargs
+    >>> AORecipeKwargs().config.pad_inner_dim
+    True
+"""
+
+from .recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+
+__all__ = ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs"]

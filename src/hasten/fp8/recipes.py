@@ -1,0 +1,150 @@
+"""The fp8 recipe handlers of `Accelerator(kwargs_handlers=[...])`, with Accelerate 1.15's names and defaults.
+
+`AORecipeKwargs` (torchao's float8 training) is the one hasten drives;
+`TERecipeKwargs` / `FP8RecipeKwargs(backend="TE")` need NVIDIA Transformer
+Engine and refuse without it, as Accelerate's do; `MSAMPRecipeKwargs`
+(MS-AMP) is refused.
+
+Example:
+    >>> from hasten.fp8.recipes import AORecipeKwargs
+    >>> recipe = AORecipeKwargs()
+    >>> recipe.config.pad_inner_dim, recipe.config.enable_fsdp_float8_all_gather, recipe.config.emulate
+    (True, True, False)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..availability import is_torchao_available, is_transformer_engine_available
+from ..options.kwargs import KwargsHandler
+
+__all__ = ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "TE_MISSING"]
+
+TE_MISSING = ("needs NVIDIA Transformer Engine, which is not installed; install it on a machine with an fp8 GPU "
+              "(pip install transformer-engine[pytorch]) or use AORecipeKwargs (pip install torchao).")
+_TE_FORMATS = ("HYBRID", "E4M3", "E5M2")
+_TE_AMAX = ("max", "most_recent")
+
+
+@dataclass
+class AORecipeKwargs(KwargsHandler):
+    """torchao float8 training: the `Float8LinearConfig` and which Linear layers are converted.
+
+    With no `config`, the config is Accelerate's: ``Float8LinearConfig(pad_inner_dim=True,
+    enable_fsdp_float8_all_gather=True)`` (each settable here). With no
+    `module_filter_func`, every Linear whose sizes divide by 16 is converted
+    except the model's first and last Linear (`hasten.fp8.ao.filter_linear_layers`).
+    To emulate fp8 matrix products in higher precision (a CPU, or a GPU
+    older than Ada/Hopper), pass ``config=Float8LinearConfig(emulate=True)``.
+
+    Example:
+        >>> from torchao.float8 import Float8LinearConfig
+        >>> AORecipeKwargs(config=Float8LinearConfig(emulate=True)).config.emulate
+        True
+    """
+
+    config: Any = None  # a torchao.float8.Float8LinearConfig
+    module_filter_func: Callable[[Any, str], bool] | None = None
+    pad_inner_dim: bool | None = None
+    enable_fsdp_float8_all_gather: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not is_torchao_available():
+            raise ImportError("AORecipeKwargs needs torchao, which is not installed; install it (pip install torchao).")
+        if self.config is not None:
+            if self.pad_inner_dim is not None or self.enable_fsdp_float8_all_gather is not None:
+                raise ValueError("AORecipeKwargs got a config and pad_inner_dim/enable_fsdp_float8_all_gather; "
+                                 "set those fields on the Float8LinearConfig you pass instead.")
+            return
+        from torchao.float8 import Float8LinearConfig
+
+        self.pad_inner_dim = True if self.pad_inner_dim is None else self.pad_inner_dim
+        if self.enable_fsdp_float8_all_gather is None:
+            self.enable_fsdp_float8_all_gather = True
+        self.config = Float8LinearConfig(pad_inner_dim=self.pad_inner_dim,
+                                         enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        return {"config": self.config, "module_filter_func": self.module_filter_func}
+
+
+@dataclass
+class TERecipeKwargs(KwargsHandler):
+    """NVIDIA Transformer Engine's fp8 recipe (Accelerate's fields and defaults); needs transformer_engine.
+
+    Example:
+        >>> from hasten.fp8.recipes import TERecipeKwargs
+        >>> TERecipeKwargs.__dataclass_fields__["fp8_format"].name
+        'fp8_format'
+    """
+
+    use_autocast_during_eval: bool | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple[bool, bool, bool] | None = None
+    use_mxfp8_block_scaling: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not is_transformer_engine_available():
+            raise ImportError(f"{type(self).__name__} {TE_MISSING}")
+        self.use_autocast_during_eval = bool(self.use_autocast_during_eval)
+        self.margin = 0 if self.margin is None else self.margin
+        self.interval = 1 if self.interval is None else self.interval
+        self.fp8_format = (self.fp8_format or "HYBRID").upper()
+        if self.fp8_format not in _TE_FORMATS:
+            raise ValueError(f"fp8_format={self.fp8_format!r} must be one of {', '.join(_TE_FORMATS)}.")
+        self.amax_compute_algo = (self.amax_compute_algo or "most_recent").lower()
+        if self.amax_compute_algo not in _TE_AMAX:
+            raise ValueError(f"amax_compute_algo={self.amax_compute_algo!r} must be one of {', '.join(_TE_AMAX)}.")
+        self.amax_history_len = 1024 if self.amax_history_len is None else self.amax_history_len
+        if self.override_linear_precision is None:
+            self.override_linear_precision = (False, False, False)
+        self.use_mxfp8_block_scaling = bool(self.use_mxfp8_block_scaling)
+
+
+_MSAMP = ("configures MS-AMP, which hasten does not support; train in fp8 with AORecipeKwargs (torchao) "
+          "or TERecipeKwargs (Transformer Engine) instead.")
+
+
+class MSAMPRecipeKwargs(KwargsHandler):
+    """Not available: MS-AMP is refused in one sentence when this is created.
+
+    Example:
+        >>> MSAMPRecipeKwargs(opt_level="O2")
+        Traceback (most recent call last):
+        ...
+        NotImplementedError: MSAMPRecipeKwargs configures MS-AMP, which hasten does not support; train in fp8 with AORecipeKwargs (torchao) or TERecipeKwargs (Transformer Engine) instead.
+    """
+
+    def __init__(self, opt_level: str | None = None) -> None:
+        raise NotImplementedError(f"MSAMPRecipeKwargs {_MSAMP}")
+
+
+@dataclass
+class FP8RecipeKwargs(TERecipeKwargs):
+    """Accelerate's deprecated handler: `backend="TE"` is `TERecipeKwargs`; `backend="MSAMP"` is refused.
+
+    Example:
+        >>> from hasten.fp8.recipes import FP8RecipeKwargs
+        >>> FP8RecipeKwargs.__dataclass_fields__["backend"].default is None
+        True
+    """
+
+    opt_level: str | None = None
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        warnings.warn("FP8RecipeKwargs is deprecated (as in Accelerate); use TERecipeKwargs or AORecipeKwargs.",
+                      FutureWarning, stacklevel=3)
+        self.backend = (self.backend or "TE").upper()
+        if self.backend == "MSAMP":
+            raise NotImplementedError(f"FP8RecipeKwargs(backend='MSAMP') {_MSAMP}")
+        if self.backend != "TE":
+            raise ValueError(f"FP8RecipeKwargs(backend={self.backend!r}) must be 'TE'; for torchao use AORecipeKwargs.")
+        super().__post_init__()

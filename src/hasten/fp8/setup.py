@@ -1,0 +1,184 @@
+"""fp8 training chosen once: which backend and recipe (`Fp8Setup.resolve`), applied to models in `prepare`.
+
+Accelerate 1.15's choices: `mixed_precision="fp8"` without a recipe
+handler picks torchao, else Transformer Engine, else MS-AMP (the first
+installed) with that backend's default recipe; a recipe handler without
+`mixed_precision="fp8"` is an error. Forward passes run under bf16
+autocast (`hasten.precision`); torchao's `Float8Linear` does the fp8
+matrix products. On CUDA, real fp8 needs compute capability 8.9+ (Ada,
+Hopper); older GPUs are refused unless the recipe emulates
+(``Float8LinearConfig(emulate=True)``). On the CPU, torch has an fp8
+matrix product (`torch._scaled_mm`), so Accelerate's recipe runs as is;
+emulation, the faster one there, is the same opt-in.
+
+Example:
+    >>> import torch
+    >>> setup = Fp8Setup.resolve([], "fp8", torch.device("cpu"))
+    >>> setup.backend.value, type(setup.ao_recipe_handler).__name__
+    ('AO', 'AORecipeKwargs')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..availability import is_msamp_available, is_torchao_available, is_transformer_engine_available
+from ..launch_spec import fp8_problem
+from ..options.enums import FP8BackendType
+from .recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
+
+__all__ = ["Fp8Setup", "RECIPE_TYPES"]
+
+RECIPE_TYPES = (AORecipeKwargs, TERecipeKwargs, FP8RecipeKwargs)
+_FP8_CAPABILITY = (8, 9)  # Ada Lovelace; Hopper is 9.0
+
+
+def _plain_weights(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """State dicts hold the plain tensors inside torchao's float8 all-gather weights.
+
+    With `enable_fsdp_float8_all_gather` (the default recipe) torchao wraps each
+    converted weight in a tensor subclass, on one process too; safetensors and
+    checkpoint hashing cannot read its storage (Accelerate's `save_state` fails
+    there). The wrapped tensor shares the weight's storage, so nothing is copied.
+    """
+    for key, value in state_dict.items():
+        inner = getattr(value, "_tensor", None)
+        if isinstance(inner, torch.Tensor) and type(value).__name__ == "WeightWithDynamicFloat8CastTensor":
+            # torchao keeps the original Parameter inside: detached, as state_dict() returns, unless keep_vars
+            state_dict[key] = inner if isinstance(value, nn.Parameter) else inner.detach()
+
+
+def _follow_new_weights(before: dict[str, nn.Parameter], model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Point `optimizers` (param groups and any state) at the Parameters that replaced `before`'s in `model`."""
+    after = dict(model.named_parameters())
+    new = {id(old): after[name] for name, old in before.items() if name in after and after[name] is not old}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["params"] = [new.get(id(p), p) for p in group["params"]]
+        for old in [p for p in optimizer.state if id(p) in new]:
+            optimizer.state[new[id(old)]] = optimizer.state.pop(old)
+
+
+@dataclass
+class Fp8Setup:
+    """The Accelerator's fp8 choice: enabled or not, the backend, and the recipe handlers by Accelerate's names.
+
+    Example:
+        >>> Fp8Setup.resolve([], "bf16", torch.device("cpu")).backend.value
+        'NO'
+    """
+
+    enabled: bool = False
+    fp8_recipe_handler: Any = None
+    ao_recipe_handler: AORecipeKwargs | None = None
+    te_recipe_handler: Any = None
+    msamp_recipe_handler: Any = None  # never set: MS-AMP is refused
+
+    @property
+    def has_handler(self) -> bool:
+        return any(h is not None for h in (self.fp8_recipe_handler, self.ao_recipe_handler, self.te_recipe_handler))
+
+    @property
+    def backend(self) -> FP8BackendType:
+        """Accelerate's order: the deprecated handler's backend, then torchao, then Transformer Engine."""
+        if self.fp8_recipe_handler is not None:
+            return FP8BackendType(self.fp8_recipe_handler.backend)
+        if self.ao_recipe_handler is not None:
+            return FP8BackendType.AO
+        if self.te_recipe_handler is not None:
+            return FP8BackendType.TE
+        return FP8BackendType.NO
+
+    @classmethod
+    def resolve(cls, recipes: list[Any], mixed_precision: str, device: torch.device,
+                deepspeed: bool = False, capability: tuple[int, int] | None = None) -> "Fp8Setup":
+        """The setup for these recipe handlers and precision on `device`, refusing what cannot run in one sentence.
+
+        `capability` is the CUDA device's (asked of torch when None).
+        """
+        if mixed_precision == "fp8" and (problem := fp8_problem()):
+            raise ValueError(problem)
+        setup = cls(enabled=mixed_precision == "fp8")
+        for recipe in recipes:
+            attr = {AORecipeKwargs: "ao_recipe_handler", TERecipeKwargs: "te_recipe_handler",
+                    FP8RecipeKwargs: "fp8_recipe_handler"}[type(recipe)]
+            if getattr(setup, attr) is not None:
+                raise ValueError(f"kwargs_handlers got two {type(recipe).__name__} objects; pass one.")
+            setattr(setup, attr, recipe)
+        if setup.has_handler and not setup.enabled:
+            raise ValueError(f"{type(recipes[0]).__name__} configures fp8 training; pass mixed_precision='fp8' with it.")
+        if not setup.enabled:
+            return setup
+        if deepspeed:
+            raise NotImplementedError("mixed_precision='fp8' under DeepSpeed is not supported by hasten yet; "
+                                      "train in fp8 with DDP or FSDP, or use mixed_precision='bf16' with DeepSpeed.")
+        if not setup.has_handler:
+            setup._choose_default_backend()
+        if setup.backend is FP8BackendType.TE:
+            # TE's recipes construct only where transformer_engine is installed; hasten does not drive it yet.
+            raise NotImplementedError("Transformer Engine fp8 (TERecipeKwargs) is not driven by this hasten version; "
+                                      "use AORecipeKwargs (torchao) for fp8 training.")
+        setup._check_device(device, capability)
+        return setup
+
+    def _choose_default_backend(self) -> None:
+        if is_torchao_available():
+            self.ao_recipe_handler = AORecipeKwargs()
+        elif is_transformer_engine_available():
+            self.te_recipe_handler = TERecipeKwargs()
+        elif is_msamp_available():
+            raise NotImplementedError("mixed_precision='fp8' found only MS-AMP installed, which hasten does not "
+                                      "support; install torchao (pip install torchao) for fp8 training.")
+        else:
+            raise ImportError("mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine and neither is installed; "
+                              "install one (pip install torchao) or use mixed_precision='bf16'.")
+
+    def _check_device(self, device: torch.device, capability: tuple[int, int] | None) -> None:
+        assert self.ao_recipe_handler is not None
+        if device.type != "cuda" or self.ao_recipe_handler.config.emulate:
+            return
+        capability = capability or torch.cuda.get_device_capability(device)
+        if tuple(capability) < _FP8_CAPABILITY:
+            raise ValueError(
+                f"mixed_precision='fp8' needs a GPU with fp8 support (compute capability 8.9 or newer: Ada, Hopper), "
+                f"this one has {capability[0]}.{capability[1]}; use mixed_precision='bf16', or emulate fp8 with "
+                "AORecipeKwargs(config=Float8LinearConfig(emulate=True)).")
+
+    def prepare(self, args: tuple[Any, ...], fsdp2: bool, strategy: Any) -> None:
+        """Convert every model among `prepare`'s arguments to torchao float8 training, as Accelerate's prepare does.
+
+        With float8 all-gather (the default recipe) torchao replaces each
+        converted weight by a new Parameter wrapping the old one; the
+        optimizers of this call, and those `strategy` sets up later, are
+        pointed at the new ones. (Accelerate does not: an optimizer built
+        before `prepare` keeps the old Parameters, which get no gradient, so
+        the fp8 layers never train.) Under FSDP2 with float8 all-gather, the
+        first optimizer recomputes the float8 weight scales after each step
+        (torchao's `precompute_float8_dynamic_scale_for_fsdp`), as in Accelerate.
+        """
+        if self.backend is not FP8BackendType.AO:
+            return
+        from .ao import convert_model_to_fp8_ao
+
+        recipe = self.ao_recipe_handler
+        assert recipe is not None
+        models = [arg for arg in args if isinstance(arg, nn.Module)]
+        optimizers = [arg for arg in args if isinstance(arg, torch.optim.Optimizer)]
+        for model in models:
+            before = dict(model.named_parameters())
+            convert_model_to_fp8_ao(model, config=recipe.config, module_filter_func=recipe.module_filter_func)
+            if recipe.config.enable_fsdp_float8_all_gather:
+                model.register_state_dict_post_hook(_plain_weights)
+                _follow_new_weights(before, model, optimizers)
+                strategy._record_replaced_params(before, model)  # for an optimizer prepared in a later call
+        if fsdp2 and models and optimizers and recipe.config.enable_fsdp_float8_all_gather:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            model = models[0]
+            optimizers[0].register_step_post_hook(lambda *_: precompute_float8_dynamic_scale_for_fsdp(model))
+            # Loaded weights (load_state) need their scales too, or the next forward casts with the old ones.
+            model.register_load_state_dict_post_hook(lambda *_: precompute_float8_dynamic_scale_for_fsdp(model))
