@@ -32,12 +32,11 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _children import run_json_child
 from _results import record
 
 SIZES = {"full": dict(width=2048, blocks=15, vocab=8192, budget="1GiB"),
@@ -150,11 +149,7 @@ def prepare(size: str, folder: str) -> dict:
 
 
 def run_child(*args: str) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}  # see the module docstring
-    result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=1800, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_json_child(__file__, list(args), {"MALLOC_MMAP_THRESHOLD_": "131072"}, timeout=1800)  # see the docstring
 
 
 def main() -> None:

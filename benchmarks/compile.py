@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from _children import run_json_child
 from _results import record
 
 VARIANTS = ("eager", "whole", "regional")
@@ -95,13 +93,9 @@ def child(variant: str, width: int, blocks: int, seq: int, batch: int, steps: in
 
 def run_child(variant: str, size: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="hasten-inductor-") as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"}
+        env = {"TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"}
         config = {k: size[k] for k in ("width", "blocks", "seq", "batch", "steps")}
-        done = subprocess.run([sys.executable, __file__, "--child", variant, "--config", json.dumps(config)],
-                              capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"the {variant} child failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return run_json_child(__file__, ["--child", variant, "--config", json.dumps(config)], env)
 
 
 def main() -> int:

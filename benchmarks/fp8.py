@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 
+from _children import run_json_child
 from _results import record
 
 VARIANTS = ("raw", "hasten", "accelerate", "raw bf16")
@@ -109,11 +107,7 @@ def child(variant: str, width: int, blocks: int, batch: int, steps: int) -> dict
 
 def run_child(variant: str, size: dict) -> dict:
     config = {k: size[k] for k in ("width", "blocks", "batch", "steps")}
-    done = subprocess.run([sys.executable, __file__, "--child", variant, "--config", json.dumps(config)],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"the {variant} child failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_child(__file__, ["--child", variant, "--config", json.dumps(config)], {"OMP_NUM_THREADS": "1"})
 
 
 def main() -> int:
