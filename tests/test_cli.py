@@ -197,3 +197,33 @@ def test_a_config_files_parallelism_config_builds_the_mesh_as_accelerate_launch_
 def test_parallelism_flags_that_cannot_work_are_refused_before_anything_starts(script, flags, message):
     result = hasten("launch", "--cpu", *flags, str(script))
     assert result.returncode == 2 and message in result.stderr and "SCRIPT-RAN" not in result.stdout
+
+
+def test_fp8_settings_reach_the_recipe_as_under_accelerate_launch(tmp_path, monkeypatch):
+    pytest.importorskip("torchao")
+    from conftest import launch
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, os\nfrom hasten import Accelerator\naccelerator = Accelerator(cpu=True)\n"
+        "config = accelerator.ao_recipe_handler.config\n"
+        "print(json.dumps([accelerator.mixed_precision, accelerator.fp8_backend.value, config.pad_inner_dim,"
+        " config.enable_fsdp_float8_all_gather, os.environ['ACCELERATE_FP8_BACKEND']]))\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("use_cpu: true\nmixed_precision: fp8\nfp8_config:\n  backend: AO\n  fp8_pad_inner_dim: false\n")
+    flags = ("--config_file", str(config), "--fp8_enable_fsdp_float8_all_gather", "false")
+    assert json.loads(launch(probe, num_processes=1, launch_args=flags).stdout.splitlines()[-1]) == [
+        "fp8", "AO", False, False, "AO"]
+    refused = hasten("launch", "--cpu", "--fp8_backend", "ao", str(probe))
+    assert refused.returncode == 2 and "fp8 settings were given but mixed_precision is 'no'" in refused.stderr
+    # the recipe reads the same variables as Accelerate's, with the same defaults
+    from accelerate.utils import AORecipeKwargs as PeerRecipe
+
+    from hasten.utils import AORecipeKwargs
+
+    for value in ("false", None):
+        if value is None:
+            monkeypatch.delenv("ACCELERATE_FP8_PAD_INNER_DIM", raising=False)
+        else:
+            monkeypatch.setenv("ACCELERATE_FP8_PAD_INNER_DIM", value)
+        assert AORecipeKwargs().config.pad_inner_dim == PeerRecipe().config.pad_inner_dim == (value is None)

@@ -468,6 +468,7 @@ NOT_A_FLAG_OF_ITS_OWN = {
     "deepspeed_config": "each DeepSpeedConfig key is its own flag (checked below)",
     "fsdp_config": "each FSDPConfig key is its own flag (checked below)",
     "dynamo_config": "each key is its own --dynamo_* flag, as in accelerate launch (tests/test_compile.py)",
+    "fp8_config": "each key is its own --fp8_* flag, as in accelerate launch (tests/test_cli.py)",
     "parallelism_config": "each key is its own --parallelism_config_* flag, as in accelerate launch (tests/test_cli.py)",
     "compute_environment": "describes the file only; nothing at launch depends on it",
     "main_training_function": "read by notebook launches, not by `hasten launch`",

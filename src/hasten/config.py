@@ -163,7 +163,8 @@ class LaunchConfig:
     downcast_bf16: bool = option(False, "TPU only", ignored=True)
     dynamo_config: dict = option({}, "torch.compile settings (dynamo_backend, dynamo_mode, dynamo_use_fullgraph, "
                                      "dynamo_use_dynamic, dynamo_use_regional_compilation)")
-    fp8_config: dict = option({}, "FP8 settings", ignored=True)
+    fp8_config: dict = option({}, "fp8 settings (backend, pad_inner_dim, enable_fsdp_float8_all_gather and Transformer "
+                                  "Engine's; each key with or without the fp8_ prefix)")
     megatron_lm_config: dict = option({}, "Megatron-LM settings", ignored=True)
     parallelism_config: dict = option({}, "N-D parallelism sizes (parallelism_config_dp_replicate_size, ..._dp_shard_size, "
                                           "..._tp_size, ..._cp_size, ..._sp_size and their options)")

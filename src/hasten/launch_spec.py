@@ -171,6 +171,32 @@ def dynamo_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
                for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")}}
 
 
+_FP8_KEYS = ("backend", "pad_inner_dim", "enable_fsdp_float8_all_gather", "use_autocast_during_eval", "margin",
+             "interval", "format", "amax_history_len", "amax_compute_algo", "override_linear_precision", "opt_level")
+
+
+def fp8_settings(config: Mapping[str, Any]) -> dict[str, str]:
+    """A config file's `fp8_config` (keys with or without ``fp8_``) as the variables Accelerate's launcher exports.
+
+    Example:
+        >>> fp8_settings({"backend": "ao", "fp8_pad_inner_dim": False})
+        {'ACCELERATE_FP8_BACKEND': 'AO', 'ACCELERATE_FP8_PAD_INNER_DIM': 'False'}
+    """
+    out = {}
+    for key, value in config.items():
+        short = key.removeprefix("fp8_")
+        if short not in _FP8_KEYS:
+            raise ValueError(f"fp8_config has an unknown key {key!r}; the keys are {', '.join(_FP8_KEYS)}.")
+        if value is None:
+            continue
+        if short == "override_linear_precision":  # three flags, as Accelerate exports them
+            values = value.split(",") if isinstance(value, str) else list(value)
+            out.update({f"ACCELERATE_FP8_OVERRIDE_{part}": str(flag).strip() for part, flag in zip(("FPROP", "DGRAD", "WGRAD"), values)})
+        else:
+            out[f"ACCELERATE_FP8_{short.upper()}"] = str(value).upper() if short == "backend" else str(value)
+    return out
+
+
 _PARALLELISM_KEYS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "cp_comm_strategy",
                      "sp_size", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
 
@@ -211,6 +237,7 @@ class LaunchSpec:
     fsdp: dict | None = None  # FSDPConfig fields, when the run uses FSDP
     dynamo: dict | None = None  # torch.compile settings (`dynamo_settings`), when the launch compiles
     parallelism: dict | None = None  # `parallelism_settings`: Accelerator() builds a ParallelismConfig from them
+    fp8: dict | None = None  # `fp8_settings`: exported as ACCELERATE_FP8_*, which hasten.fp8's recipes read
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
     max_restarts: int = 0
@@ -251,6 +278,7 @@ class LaunchSpec:
         out.update({"ACCELERATE_DYNAMO_BACKEND": dynamo["backend"], "ACCELERATE_DYNAMO_MODE": dynamo["mode"]})
         out.update({f"ACCELERATE_DYNAMO_{key.upper()}": str(dynamo[key])
                     for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")})
+        out.update(self.fp8 or {})
         if self.parallelism is not None:  # Accelerate's names; ParallelismConfig() reads them, as Accelerate's does
             out["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
             out.update({f"PARALLELISM_CONFIG_{key.upper()}": value for key, value in self.parallelism.items()})

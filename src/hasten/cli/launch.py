@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from ..launch_spec import AS_ACCELERATE_ENV, dynamo_settings, parallelism_settings
+from ..launch_spec import AS_ACCELERATE_ENV, dynamo_settings, fp8_settings, parallelism_settings
 from ..config import (
     ConfigError,
     DeepSpeedConfig,
@@ -93,6 +93,20 @@ _PARALLELISM_FLAGS = (("dp_replicate_size", int, None), ("dp_shard_size", int, N
                       ("sp_attn_implementation", str, None))
 
 
+def _add_fp8_flags(group: Any) -> None:
+    """Accelerate's --fp8_* flags; they fill the config file's `fp8_config` (dest ``fp8:fp8_<key>``)."""
+    for key, kind, choices in (("backend", str.lower, ["ao", "te", "msamp"]), ("pad_inner_dim", str, ["true", "false"]),
+                               ("enable_fsdp_float8_all_gather", str, ["true", "false"]),
+                               ("format", str, ["HYBRID", "E4M3", "E5M2"]), ("margin", int, None), ("interval", int, None),
+                               ("amax_history_len", int, None), ("amax_compute_algo", str, ["max", "most_recent"]),
+                               ("override_linear_precision", str, None), ("opt_level", str, ["O1", "O2"])):
+        group.add_argument(f"--fp8_{key}", f"--fp8-{key.replace('_', '-')}", dest=f"fp8:fp8_{key}", default=None,
+                           type=kind, choices=choices, metavar=None if choices else key.split("_")[-1].upper(),
+                           help=f"fp8 recipe's {key} (read by Accelerator() through ACCELERATE_FP8_*)")
+    group.add_argument("--fp8_use_autocast_during_eval", dest="fp8:fp8_use_autocast_during_eval", default=None,
+                       action="store_true", help="Transformer Engine: fp8 autocast in evaluation too")
+
+
 def _add_parallelism_flags(group: Any) -> None:
     """Accelerate's N-D flags; they fill the config file's `parallelism_config` (dest ``pc:parallelism_config_<key>``)."""
     group.add_argument("--use_parallelism_config", "--use-parallelism-config", dest="pc:use", default=None,
@@ -133,6 +147,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                 _add_field_flag(group, f, f"{prefix}:{f.name}")
     _add_dynamo_flags(parser.add_argument_group("torch.compile (read by Accelerator() through ACCELERATE_DYNAMO_*)"))
     _add_parallelism_flags(parser.add_argument_group("N-D parallelism (Accelerator() builds a ParallelismConfig)"))
+    _add_fp8_flags(parser.add_argument_group("fp8 (with --mixed_precision fp8)"))
     other = parser.add_argument_group("output")
     other.add_argument("--dry_run", "--dry-run", action="store_true", help="print the command and launch spec, start nothing")
     other.add_argument("-q", "--quiet", action="store_true", help="only the script's own output and errors")
@@ -164,6 +179,9 @@ def resolve_config(args: argparse.Namespace) -> LaunchConfig:
     nd = {key.split(":", 1)[1]: value for key, value in given.items() if key.startswith("pc:parallelism_config_")}
     if nd or given.get("pc:use"):
         data["parallelism_config"] = {**(data.get("parallelism_config") or {}), **nd}
+    fp8 = {key.split(":", 1)[1]: value for key, value in given.items() if key.startswith("fp8:")}
+    if fp8:
+        data["fp8_config"] = {**(data.get("fp8_config") or {}), **fp8}
     dynamo = {key.split(":", 1)[1]: value for key, value in given.items() if key.startswith("dynamo:")}
     if dynamo:
         data["dynamo_config"] = {**(data.get("dynamo_config") or {}), **dynamo}
@@ -220,6 +238,7 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
         fsdp=dataclasses.asdict(config.fsdp) if config.use_fsdp else None,
         dynamo=dynamo,
         parallelism=parallelism,
+        fp8=_fp8_env(config),
     )
     return LaunchPlan(
         target=args.script,
@@ -241,6 +260,20 @@ def build_plan(args: argparse.Namespace, config: LaunchConfig):
         quiet=args.quiet,
         spec=spec,
     ).validate()
+
+
+def _fp8_env(config: LaunchConfig) -> dict[str, str] | None:
+    """The fp8 settings' ACCELERATE_FP8_* variables; refused unless the run trains in fp8 (they would do nothing)."""
+    if not config.fp8_config:
+        return None
+    try:
+        env = fp8_settings(config.fp8_config)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if config.mixed_precision != "fp8":
+        raise ConfigError(f"fp8 settings were given but mixed_precision is {config.mixed_precision!r}; add "
+                          "--mixed_precision fp8, or drop the fp8 settings.")
+    return env
 
 
 def _check_parallelism(parallelism: dict[str, str] | None, num_processes: int) -> None:

@@ -14,11 +14,13 @@ Example:
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..availability import is_torchao_available, is_transformer_engine_available
+from ..environment import str_to_bool
 from ..options.kwargs import KwargsHandler
 
 __all__ = ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "TE_MISSING"]
@@ -61,9 +63,12 @@ class AORecipeKwargs(KwargsHandler):
             return
         from torchao.float8 import Float8LinearConfig
 
-        self.pad_inner_dim = True if self.pad_inner_dim is None else self.pad_inner_dim
+        # As Accelerate: a field left None comes from ACCELERATE_FP8_* (`hasten launch --fp8_...`), else True
+        if self.pad_inner_dim is None:
+            self.pad_inner_dim = bool(str_to_bool(os.environ.get("ACCELERATE_FP8_PAD_INNER_DIM", "true")))
         if self.enable_fsdp_float8_all_gather is None:
-            self.enable_fsdp_float8_all_gather = True
+            self.enable_fsdp_float8_all_gather = bool(str_to_bool(
+                os.environ.get("ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", "true")))
         self.config = Float8LinearConfig(pad_inner_dim=self.pad_inner_dim,
                                          enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather)
 

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +127,18 @@ class Fp8Setup:
         return setup
 
     def _choose_default_backend(self) -> None:
-        if is_torchao_available():
+        # `hasten launch --fp8_backend` (or a config file's fp8_config) exports Accelerate's variable; it picks first
+        chosen = os.environ.get("ACCELERATE_FP8_BACKEND", "NO").upper()
+        if chosen == "AO":
+            self.ao_recipe_handler = AORecipeKwargs()
+        elif chosen == "TE":
+            self.te_recipe_handler = TERecipeKwargs()
+        elif chosen == "MSAMP":
+            raise NotImplementedError("ACCELERATE_FP8_BACKEND=MSAMP asks for MS-AMP, which hasten does not support; "
+                                      "use --fp8_backend ao (torchao).")
+        elif chosen != "NO":
+            raise ValueError(f"ACCELERATE_FP8_BACKEND={chosen!r} is not an fp8 backend; use AO, TE or MSAMP.")
+        elif is_torchao_available():
             self.ao_recipe_handler = AORecipeKwargs()
         elif is_transformer_engine_available():
             self.te_recipe_handler = TERecipeKwargs()
