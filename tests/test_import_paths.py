@@ -52,3 +52,14 @@ def test_peer_arguments_hasten_lacks_are_refused_with_the_way_out(name, words):
 
     with pytest.raises(NotImplementedError, match=words):
         Accelerator(cpu=True, **{name: ["generator"]})
+
+
+def test_a_submodule_is_an_attribute_of_the_package_as_in_accelerate():
+    import subprocess
+    import sys
+
+    code = ("import hasten, accelerate\n"
+            "assert hasten.state.__name__ == 'hasten.state' and accelerate.state.__name__ == 'accelerate.state'\n"
+            "assert hasten.utils.dataclasses.__name__ == 'hasten.utils.dataclasses'\n"
+            "assert not hasattr(hasten, 'no_such_module')\n")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).returncode == 0

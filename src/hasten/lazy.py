@@ -7,6 +7,7 @@ module-level ``__getattr__`` in each.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, Callable, Mapping
 
 
@@ -27,6 +28,10 @@ def lazy_exports(package: str, exports: Mapping[str, str],
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
         if module is None:
+            # a submodule reads as an attribute after `import hasten`, as Accelerate's eager imports make
+            # `accelerate.state` work after `import accelerate`
+            if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+                return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(f".{module}", package), name)
         namespace[name] = value  # later accesses skip __getattr__
