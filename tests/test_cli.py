@@ -172,17 +172,17 @@ def test_a_config_files_parallelism_config_builds_the_mesh_as_accelerate_launch_
     from conftest import launch
 
     probe = tmp_path / "probe.py"
-    probe.write_text(
-        "import json, os\nfrom hasten import Accelerator\naccelerator = Accelerator(cpu=True)\n"
+    probe.write_text(  # one file per rank: two ranks' prints can share a line of the launcher's output
+        "import json, os, sys\nfrom pathlib import Path\nfrom hasten import Accelerator\naccelerator = Accelerator(cpu=True)\n"
         "config, mesh = accelerator.parallelism_config, accelerator.torch_device_mesh\n"
-        "print(json.dumps({'dims': list(mesh.mesh_dim_names), 'sizes': [config.dp_replicate_size, config.dp_shard_size],"
+        "Path(sys.argv[1], f'rank{accelerator.process_index}.json').write_text(json.dumps({"
+        "'dims': list(mesh.mesh_dim_names), 'sizes': [config.dp_replicate_size, config.dp_shard_size],"
         " 'type': accelerator.distributed_type.value,"
         " 'env': {k: v for k, v in os.environ.items() if 'PARALLELISM_CONFIG' in k}}))\n")
     config = tmp_path / "config.yaml"
     config.write_text("use_cpu: true\nparallelism_config:\n  parallelism_config_dp_shard_size: 2\n")
-    result = launch(probe, num_processes=2, launch_args=("--config_file", str(config)))
-    seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(seen) == 2
+    launch(probe, str(tmp_path), num_processes=2, launch_args=("--config_file", str(config)))
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for record in seen:
         assert record == {"dims": ["dp_shard"], "sizes": [1, 2], "type": "FSDP",
                           "env": {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}}

@@ -165,7 +165,7 @@ def test_preemption_signal_saves_at_a_batch_boundary_and_resumes_bit_identical(t
 def test_finished_runs_never_abort_at_exit(tmp_path):
     # A user-created gloo group plus groups still referenced at exit: with a plain interpreter teardown,
     # about 1 launch in 10 ended with "terminate called without an active exception" (SIGABRT) after DONE.
-    for attempt in range(20):
+    for attempt in range(10):  # before the fix about 1 launch in 10 aborted; 10 launches catch that 2 times in 3
         result = launch("mp_exit.py", num_processes=2, check=False, timeout=60)
         assert result.returncode == 0 and result.stdout.count("DONE") == 2, (
             f"launch {attempt}: exit {result.returncode}\n{result.stdout}\n{result.stderr}")
