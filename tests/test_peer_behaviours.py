@@ -179,3 +179,15 @@ def test_small_accelerator_facts_match_accelerates():
         nested(), recursive=True)
     assert repr(mine) == repr(peers) and isinstance(mine[0], torch.nn.Linear)
     assert isinstance(extract_model_from_parallel(nested())[0], Wrapper)  # not recursive by default
+
+
+def test_is_fsdp2_and_multi_device_read_the_run_kind_not_the_enums_printed_name():
+    from hasten.state import AcceleratorState
+
+    state = AcceleratorState(cpu=True)
+    for kind, fsdp2 in (("FSDP", True), ("MULTI_CPU", False)):
+        AcceleratorState._reset_state(True)
+        state = AcceleratorState(cpu=True)
+        state.distributed_type = __import__("hasten.utils", fromlist=["DistributedType"]).DistributedType(kind)
+        assert state.is_fsdp2 is fsdp2
+    AcceleratorState._reset_state(True)

@@ -80,7 +80,7 @@ class ProcessPart:
             >>> Accelerator(cpu=True).multi_device
             False
         """
-        return self.use_distributed and str(self.state.distributed_type) == "MULTI_GPU"
+        return self.use_distributed and getattr(self.state.distributed_type, "value", None) == "MULTI_GPU"
 
     @property
     def deepspeed_plugin(self) -> Any:
@@ -130,7 +130,8 @@ class ProcessPart:
         """
         use_gather_object = use_gather_object or not _only_tensors(input_data)
         config = self.state.parallelism_config
-        repeats = config.non_data_parallel_size if config is not None else 1
+        # tp/cp ranks hold copies of one batch; sp ranks (DeepSpeed Ulysses) hold different pieces of it, kept
+        repeats = config.tp_size * config.cp_size if config is not None else 1
         if repeats > 1:  # a tp/cp group read one batch: keep one copy (its first process's; the group is innermost)
             if use_gather_object:
                 parts = collectives.gather_object([input_data])[::repeats]
