@@ -464,8 +464,15 @@ forward_growth = status("VmHWM") - before_forward
 equal = bool(torch.equal(y, reference["y"]))
 del y; gc.collect(); libc.malloc_trim(0)  # count live memory, not what glibc keeps cached
 resident = status("VmRSS")  # after the forward: offloaded blocks are unmapped again
+open("/proc/self/clear_refs", "w").write("5")  # the second forward reads each next block ahead, on a thread
+with torch.no_grad():
+    equal = equal and bool(torch.equal(model(x), reference["y"]))
+second_growth = status("VmHWM") - before_forward
+gc.collect(); libc.malloc_trim(0)
+resident_after_second = status("VmRSS")
 print(json.dumps({{"baseline": baseline, "load_growth": after_load - baseline, "growth": peak - baseline,
-                  "forward_growth": forward_growth,
+                  "forward_growth": forward_growth, "second_growth": second_growth,
+                  "resident_after_second": resident_after_second - baseline,
                   "resident_growth": resident - baseline,
                   "equal": equal, "device_map": model.hf_device_map}}))
 """
@@ -490,7 +497,39 @@ def test_peak_memory_of_offloaded_forward_stays_within_budget(tmp_path):
     assert "disk" in report["device_map"].values()
     # A forward maps one disk block at a time and uses it in place (a copy would double this).
     assert report["forward_growth"] <= largest_block + 8 * MiB, f"forward added {report['forward_growth'] / MiB:.1f} MiB"
+    # Later forwards read one block ahead while the current one computes: at most one more block.
+    assert report["second_growth"] <= 2 * largest_block + 8 * MiB, f"forward added {report['second_growth'] / MiB:.1f} MiB"
+    assert report["resident_after_second"] <= 40 * 10**6 + 8 * MiB, "a block read ahead stayed mapped after the forward"
     # After the forward only the CPU-mapped blocks stay resident: the disk blocks' mappings are gone.
     assert report["resident_growth"] <= 40 * 10**6 + 8 * MiB, f"{report['resident_growth'] / MiB:.1f} MiB still resident"
     assert report["growth"] <= budget + largest_block + slack, (
         f"peak RSS grew by {report['growth'] / MiB:.1f} MiB, over {(budget + largest_block + slack) / MiB:.1f} MiB")
+
+
+def test_later_forwards_read_the_next_disk_block_on_a_thread_while_the_current_one_runs(tmp_path, monkeypatch):
+    from hasten.big_modeling.offload import OffloadedWeightsLoader
+
+    reads: list[tuple[str, str]] = []
+    read = OffloadedWeightsLoader._read
+
+    def recording(self, key):
+        import threading
+
+        reads.append((key, threading.current_thread().name))
+        return read(self, key)
+
+    monkeypatch.setattr(OffloadedWeightsLoader, "_read", recording)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = model(x)
+    disk_offload(model, tmp_path / "offload", execution_device="cpu")
+    with torch.no_grad():
+        first = model(x)
+        reads.clear()
+        second = model(x)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    ahead = sorted(key for key, thread in reads if thread.startswith("hasten-offload-prefetch"))
+    # Only the first layer is read in line; layers 1-3 were read while the one before them ran.
+    assert ahead == [f"{i}.{kind}" for i in (1, 2, 3) for kind in ("bias", "weight")], reads
+    assert sorted(key for key, thread in reads if key not in ahead) == ["0.bias", "0.weight"]

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..collectives import send_to_device
 from ..memory import clear_device_cache
-from .offload import OffloadedWeightsLoader, PrefixedDataset
+from .offload import OffloadedWeightsLoader, PrefixedDataset, announce_offloaded_module
 from .sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 
 __all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
@@ -280,6 +280,7 @@ class AlignDevicesHook(ModelHook):
                 set_module_tensor_to_device(module, name, self.execution_device, value=value, tied_params_map=tied,
                                             clear_cache=False)
                 del value
+            announce_offloaded_module(self.weights_map, [name for name, _ in self._offloaded(module)])
         if self.execution_device is None:
             return args, kwargs
         return (send_to_device(args, self.execution_device),

@@ -1,6 +1,7 @@
 """Weights offloaded to disk: one raw ``<name>.dat`` file per tensor plus ``index.json`` (name -> dtype, shape).
 
-Raw files map straight back into memory with `numpy.memmap`, so reading an
+Raw files map straight back into memory (read-only, every page mapped at once
+where Linux's MAP_POPULATE exists, else `numpy.memmap`), so reading an
 offloaded weight costs no copy and no parsing; the page cache does the rest.
 NumPy has no bfloat16 (nor float8), so such tensors are stored as integers of
 the same width and the index keeps the real dtype name.
@@ -9,6 +10,7 @@ the same width and the index keeps the real dtype name.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from ..saving import atomic_write
+from .prefetch import Prefetcher
 from .sizes import set_module_tensor_to_device
 
 __all__ = [
@@ -159,12 +162,25 @@ def load_offloaded_weight(weight_file: str | os.PathLike[str], weight_info: Mapp
     if int(np.prod(shape)) == 0:
         return torch.empty(shape, dtype=getattr(torch, name) if stored is not None else torch.from_numpy(np.empty(0, name)).dtype)
     np_dtype = torch.empty((), dtype=stored).numpy().dtype if stored is not None else np.dtype(name)
-    array = np.memmap(weight_file, dtype=np_dtype, mode="r", shape=shape or (1,)).reshape(shape)
     with warnings.catch_warnings():
-        # torch warns that the array is not writable: that is the point of mode "r" (writes fault, never corrupt the file)
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        tensor = torch.from_numpy(array)
+        # torch warns that the memory is not writable: that is the point (writes fault, never corrupt the file)
+        warnings.filterwarnings("ignore", message="The given (NumPy array|buffer) is not writable")
+        tensor = _map_read_only(Path(weight_file), np_dtype, shape)
     return tensor.view(getattr(torch, name)) if stored is not None else tensor
+
+
+def _map_read_only(path: Path, np_dtype: np.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    nbytes = int(np.prod(shape or (1,))) * np_dtype.itemsize
+    if populate and path.stat().st_size == nbytes:
+        # Every page mapped in one call: the forward then reads without a page fault per 64 KiB (~5% of a block's time).
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            mapping = mmap.mmap(descriptor, nbytes, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+        finally:
+            os.close(descriptor)
+        return torch.frombuffer(mapping, dtype=torch.from_numpy(np.empty(0, np_dtype)).dtype).view(shape)
+    return torch.from_numpy(np.memmap(path, dtype=np_dtype, mode="r", shape=shape or (1,)).reshape(shape))
 
 
 def save_offload_index(index: Mapping[str, Any] | None, offload_folder: str | os.PathLike[str]) -> None:
@@ -259,10 +275,16 @@ class OffloadedWeightsLoader(Mapping):
         self.all_keys = list(self.state_dict)
         self.all_keys.extend(key for key in self.index if key not in self.state_dict)
         self.device = device
+        # Disk entries of the module expected to run next are read on a thread while the current one computes.
+        self.prefetcher = Prefetcher(self._read)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key in self.state_dict:
             return self.state_dict[key]
+        fetched = self.prefetcher.take(key)
+        return self._read(key) if fetched is None else fetched
+
+    def _read(self, key: str) -> torch.Tensor:
         info = self.index[key]
         if info.get("safetensors_file") is not None:
             return self._from_safetensors(key, info)
@@ -312,6 +334,22 @@ class PrefixedDataset(Mapping):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def announce_offloaded_module(weights_map: Mapping, names: list[str]) -> None:
+    """Tell the disk loader behind `weights_map` (seen through any prefixes) that the module reading `names` now runs.
+
+    The loader then reads the module expected next on a background thread.
+
+    Example:
+        >>> loader = OffloadedWeightsLoader(state_dict={"a.w": torch.ones(1)})
+        >>> announce_offloaded_module(PrefixedDataset(loader, "a."), ["w"])
+    """
+    prefix, inner = "", weights_map
+    while isinstance(inner, PrefixedDataset):
+        prefix, inner = inner.prefix + prefix, inner.dataset
+    if isinstance(inner, OffloadedWeightsLoader):
+        inner.prefetcher.started(prefix, [prefix + n for n in names if prefix + n not in inner.state_dict])
 
 
 def extract_submodules_state_dict(state_dict: Mapping[str, torch.Tensor], submodule_names: list[str]) -> dict[str, torch.Tensor]:
