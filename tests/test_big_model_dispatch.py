@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -533,3 +534,31 @@ def test_later_forwards_read_the_next_disk_block_on_a_thread_while_the_current_o
     # Only the first layer is read in line; layers 1-3 were read while the one before them ran.
     assert ahead == [f"{i}.{kind}" for i in (1, 2, 3) for kind in ("bias", "weight")], reads
     assert sorted(key for key, thread in reads if key not in ahead) == ["0.bias", "0.weight"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_a_disk_offloaded_model_its_parent_ran(tmp_path):
+    # The parent's read-ahead thread does not exist in a forked child (notebook_launcher forks): the child must not
+    # wait for it.
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(3)])
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = model(x)
+    disk_offload(model, tmp_path / "offload", execution_device="cpu")
+    with torch.no_grad():
+        model(x), model(x)  # the order is learnt; the thread is started
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with torch.no_grad():
+                ok = torch.equal(model(x), expected) and torch.equal(model(x), expected)
+        finally:
+            os._exit(0 if ok else 3)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on its parent's read-ahead thread")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

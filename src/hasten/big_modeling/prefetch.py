@@ -12,6 +12,7 @@ mapping a direct read returns.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,12 +44,13 @@ class Prefetcher:
         self._this_pass: set[str] = set()  # the modules started since the current forward began
         self._ahead: dict[str, Future[torch.Tensor]] = {}  # key -> its load, running or done
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
         self._pool_lock = threading.Lock()
 
     def take(self, key: str) -> torch.Tensor | None:
         """The tensor fetched ahead for `key` (waiting for it if need be), or None: read it directly."""
         future = self._ahead.pop(key, None)
-        if future is None:
+        if future is None or self._pool_pid != os.getpid():  # fetched by a parent's thread that is not in this process
             return None
         try:
             return future.result()
@@ -76,8 +78,12 @@ class Prefetcher:
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
-            if self._pool is None:
+            if self._pool is None or self._pool_pid != os.getpid():
+                # A forked child (notebook_launcher, DataLoader workers) inherits the pool but not its thread:
+                # work handed to it would never run, so each process starts its own.
+                self._ahead.clear()
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hasten-offload-prefetch")
+                self._pool_pid = os.getpid()
             return self._pool
 
     def __getstate__(self) -> dict:
