@@ -198,6 +198,9 @@ def _run(lib: str, fake: FakeTE, recipe_args: dict[str, Any]) -> dict[str, Any]:
         model(torch.ones(4, 16))
     result["eval_autocasts"] = [(enabled, recipe.kwargs) for enabled, recipe in fake.autocasts]
     result["eval_forwards"] = sorted({(kind, enabled) for kind, enabled, _ in fake.forwards})
+    fake.clear()
+    plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False).train()  # both autocasts removed
+    result["unwrapped"] = (plain(torch.ones(4, 16)).dtype, len(fake.autocasts), type(plain).forward is plain.forward.__func__)
     return result
 
 
@@ -224,6 +227,7 @@ def test_accelerator_drives_te_as_accelerate(fake_te, recipe_args):
         expected["fp8_format"] = fake_te.Format[expected["fp8_format"]]
     assert ours["train_autocasts"] == [(True, expected)] * 2
     assert ours["eval_autocasts"] == [(in_eval, expected)]
+    assert ours["unwrapped"] == peer["unwrapped"] == (torch.float32, 0, True)
 
 
 def test_env_defaults_reach_the_recipe_as_in_accelerate(fake_te, monkeypatch):

@@ -118,7 +118,8 @@ def contextual_fp8_autocast(model_forward: Callable[..., Any], fp8_recipe: Any,
 
     Bind the result to the model (``MethodType(forward, model)``): whether
     the autocast is enabled is read from ``model.training`` at each call.
-    ``forward.__wrapped__`` is `model_forward`, so unwrapping finds it.
+    ``forward.__wrapped__`` is `model_forward`, so unwrapping finds it
+    (``unwrap_model(model, keep_fp32_wrapper=False)`` restores it).
 
     Example (needs Transformer Engine)::
 
@@ -132,6 +133,7 @@ def contextual_fp8_autocast(model_forward: Callable[..., Any], fp8_recipe: Any,
             return model_forward(*args, **kwargs)
 
     forward.__wrapped__ = model_forward  # type: ignore[attr-defined]
+    forward.__wrapped_fp8_forward__ = model_forward  # type: ignore[attr-defined]  # what unwrap_model restores
     return forward
 
 
