@@ -63,10 +63,12 @@ def convert_model(model: nn.Module, to_transformer_engine: bool = True, _convert
     with its eps and weights. `to_transformer_engine=False` converts TE's
     layers back to torch's.
 
-    Example (needs Transformer Engine)::
-
-        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
-        convert_model(model)  # [te.Linear, te.LayerNorm], same weights
+    Example:
+        >>> import torch
+        >>> from hasten.availability import is_transformer_engine_available
+        >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+        >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
+        ...     convert_model(model)  # model[0] is te.Linear, model[1] te.LayerNorm, with the same weights
     """
     te = _te("convert_model")
     with torch.no_grad():  # the copies into new leaf Parameters are not part of any graph
@@ -102,9 +104,12 @@ def _convert(model: nn.Module, te: Any, to_te: bool, linear: bool, ln: bool) -> 
 def has_transformer_engine_layers(model: nn.Module) -> bool:
     """True if `model` holds a Transformer Engine `Linear`, `LayerNorm` or `TransformerLayer`.
 
-    Example (needs Transformer Engine)::
-
-        has_transformer_engine_layers(torch.nn.Linear(16, 16))  # False
+    Example:
+        >>> import torch
+        >>> from hasten.availability import is_transformer_engine_available
+        >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+        >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
+        ...     assert not has_transformer_engine_layers(model)
     """
     te = _te("has_transformer_engine_layers")
     kinds = tuple(kind for kind in (getattr(te, "LayerNorm", None), te.Linear, getattr(te, "TransformerLayer", None))
@@ -121,9 +126,13 @@ def contextual_fp8_autocast(model_forward: Callable[..., Any], fp8_recipe: Any,
     ``forward.__wrapped__`` is `model_forward`, so unwrapping finds it
     (``unwrap_model(model, keep_fp32_wrapper=False)`` restores it).
 
-    Example (needs Transformer Engine)::
-
-        model.forward = MethodType(contextual_fp8_autocast(model.forward, DelayedScaling()), model)
+    Example:
+        >>> import torch
+        >>> from hasten.availability import is_transformer_engine_available
+        >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+        >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
+        ...     from transformer_engine.common.recipe import DelayedScaling
+        ...     model.forward = MethodType(contextual_fp8_autocast(model.forward, DelayedScaling()), model)
     """
     _te("contextual_fp8_autocast")
     from transformer_engine.pytorch import fp8_autocast
@@ -146,9 +155,11 @@ def build_fp8_recipe(fp8_recipe_handler: Any) -> tuple[Any, bool]:
     ``use_mxfp8_block_scaling=True`` where TE says the GPU supports it;
     the other fields keep TE's own defaults.
 
-    Example (needs Transformer Engine)::
-
-        recipe, in_eval = build_fp8_recipe(TERecipeKwargs(fp8_format="E4M3"))
+    Example:
+        >>> from hasten.availability import is_transformer_engine_available
+        >>> from hasten.utils import TERecipeKwargs
+        >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
+        ...     recipe, in_eval = build_fp8_recipe(TERecipeKwargs(fp8_format="E4M3"))  # DelayedScaling(Format.E4M3), False
     """
     _te("apply_fp8_autowrap")
     import transformer_engine.common.recipe as te_recipe
@@ -178,9 +189,13 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
     The recipe is `build_fp8_recipe`'s; in evaluation mode (``model.eval()``)
     the autocast is off unless the handler's ``use_autocast_during_eval``.
 
-    Example (needs Transformer Engine)::
-
-        model = apply_fp8_autowrap(model, TERecipeKwargs(margin=1))
+    Example:
+        >>> import torch
+        >>> from hasten.availability import is_transformer_engine_available
+        >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+        >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
+        ...     from hasten.utils import TERecipeKwargs
+        ...     model = apply_fp8_autowrap(model, TERecipeKwargs(margin=1))
     """
     _te("apply_fp8_autowrap")
     recipe, use_during_eval = build_fp8_recipe(fp8_recipe_handler)
