@@ -14,6 +14,7 @@ import contextlib
 import copy
 import enum
 import importlib.machinery
+import os
 import sys
 import types
 from typing import Any, Iterator
@@ -110,7 +111,7 @@ def fake_te(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTE]:
     for peer in (accelerate.accelerator, accelerate.utils.dataclasses, accelerate.utils.transformer_engine):
         monkeypatch.setattr(peer, "is_transformer_engine_available", lambda: True)
     monkeypatch.setattr(hasten.fp8.te, "TE_DEVICE_TYPES", ("cuda", "cpu"))  # the stand-in runs on the CPU
-    for name in [n for n in list(__import__("os").environ) if n.startswith("ACCELERATE_FP8_")]:
+    for name in [n for n in os.environ if n.startswith("ACCELERATE_FP8_")]:
         monkeypatch.delenv(name)
     hasten.availability._installed.cache_clear()
     yield fake
