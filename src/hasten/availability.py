@@ -225,7 +225,7 @@ def is_fp16_available() -> bool:
 
 
 def is_fp8_available() -> bool:
-    """True when an fp8 backend (torchao or Transformer Engine) is installed (hasten trains in fp8 through torchao).
+    """True when an fp8 backend (torchao or Transformer Engine) is installed (hasten trains in fp8 through either).
 
     Example:
         >>> isinstance(is_fp8_available(), bool)

@@ -44,7 +44,8 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
 
     With `keep_torch_compile=True` a compiled wrapper is kept (around the
     unwrapped module); `keep_fp32_wrapper=False` also removes the
-    autocast wrapper hasten put on the forward. A model made by
+    autocast wrapper hasten put on the forward (and Transformer Engine's
+    fp8 autocast, as Accelerate's). A model made by
     `compile_regions` counts as compiled: `keep_torch_compile=False` gives
     back the original it keeps under ``__dict__["_orig_mod"]``.
 
@@ -71,13 +72,14 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     if recursive:
         model = _unwrap_children(model)
     if not keep_fp32_wrapper:
-        forward = vars(model).get("forward")
-        original = getattr(forward, "__wrapped_forward__", None)
-        if original is not None:
-            if getattr(original, "__func__", None) is type(model).forward:
-                del model.forward
-            else:
-                model.forward = original
+        for mark in ("__wrapped_forward__", "__wrapped_fp8_forward__"):  # autocast, then TE's fp8_autocast (hasten.fp8.te)
+            forward = vars(model).get("forward")
+            original = getattr(forward, mark, None)
+            if original is not None:
+                if getattr(original, "__func__", None) is type(model).forward:
+                    del model.forward
+                else:
+                    model.forward = original
     if compiled is not None and keep_torch_compile:
         if regions:
             compiled.__dict__["_orig_mod"] = model

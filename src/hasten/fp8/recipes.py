@@ -1,9 +1,9 @@
 """The fp8 recipe handlers of `Accelerator(kwargs_handlers=[...])`, with Accelerate 1.15's names and defaults.
 
-`AORecipeKwargs` (torchao's float8 training) is the one hasten drives;
-`TERecipeKwargs` / `FP8RecipeKwargs(backend="TE")` need NVIDIA Transformer
-Engine and refuse without it, as Accelerate's do; `MSAMPRecipeKwargs`
-(MS-AMP) is refused.
+`AORecipeKwargs` drives torchao's float8 training; `TERecipeKwargs` /
+`FP8RecipeKwargs(backend="TE")` drive NVIDIA Transformer Engine
+(`hasten.fp8.te`) and refuse in one sentence where it is not installed, as
+Accelerate's do; `MSAMPRecipeKwargs` (MS-AMP) is refused.
 
 Example:
     >>> from hasten.fp8.recipes import AORecipeKwargs
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..availability import is_torchao_available, is_transformer_engine_available
 from ..environment import str_to_bool
@@ -25,8 +25,8 @@ from ..options.kwargs import KwargsHandler
 
 __all__ = ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "TE_MISSING"]
 
-TE_MISSING = ("needs NVIDIA Transformer Engine, which is not installed; install it on a machine with an fp8 GPU "
-              "(pip install transformer-engine[pytorch]) or use AORecipeKwargs (pip install torchao).")
+TE_MISSING = ("needs NVIDIA Transformer Engine, which is not installed; install it on a machine with an NVIDIA fp8 GPU "
+              "(pip install transformer_engine[pytorch]) or use AORecipeKwargs (pip install torchao).")
 _TE_FORMATS = ("HYBRID", "E4M3", "E5M2")
 _TE_AMAX = ("max", "most_recent")
 
@@ -80,6 +80,14 @@ class AORecipeKwargs(KwargsHandler):
 class TERecipeKwargs(KwargsHandler):
     """NVIDIA Transformer Engine's fp8 recipe (Accelerate's fields and defaults); needs transformer_engine.
 
+    A field left None comes from ``ACCELERATE_FP8_<FIELD>`` (``hasten launch
+    --fp8_margin`` etc. export them; the format's variable is
+    ``ACCELERATE_FP8_FORMAT``, the override's ``ACCELERATE_FP8_OVERRIDE_FPROP``
+    / ``_DGRAD`` / ``_WGRAD``), else Accelerate's default: no autocast in
+    evaluation, margin 0, interval 1, ``"HYBRID"``, history 1024,
+    ``"most_recent"``, no override, no MXFP8. `prepare` builds TE's
+    ``DelayedScaling`` from `to_kwargs()` (`hasten.fp8.te.apply_fp8_autowrap`).
+
     Example:
         >>> from hasten.fp8.recipes import TERecipeKwargs
         >>> TERecipeKwargs.__dataclass_fields__["fp8_format"].name
@@ -98,19 +106,46 @@ class TERecipeKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         if not is_transformer_engine_available():
             raise ImportError(f"{type(self).__name__} {TE_MISSING}")
-        self.use_autocast_during_eval = bool(self.use_autocast_during_eval)
-        self.margin = 0 if self.margin is None else self.margin
-        self.interval = 1 if self.interval is None else self.interval
-        self.fp8_format = (self.fp8_format or "HYBRID").upper()
+        self._fill(os.environ)
+
+    def _fill(self, env: Mapping[str, str]) -> None:
+        """Set every field left None from `env`'s ACCELERATE_FP8_* variables, else Accelerate's default; check them."""
+        def flag(name: str) -> bool:
+            return bool(str_to_bool(env.get(f"ACCELERATE_FP8_{name}", "false")))
+
+        if self.use_autocast_during_eval is None:
+            self.use_autocast_during_eval = flag("USE_AUTOCAST_DURING_EVAL")
+        if self.margin is None:
+            self.margin = int(env.get("ACCELERATE_FP8_MARGIN", 0))
+        if self.interval is None:
+            self.interval = int(env.get("ACCELERATE_FP8_INTERVAL", 1))
+        if self.fp8_format is None:
+            self.fp8_format = env.get("ACCELERATE_FP8_FORMAT", "HYBRID")
+        self.fp8_format = self.fp8_format.upper()
         if self.fp8_format not in _TE_FORMATS:
             raise ValueError(f"fp8_format={self.fp8_format!r} must be one of {', '.join(_TE_FORMATS)}.")
-        self.amax_compute_algo = (self.amax_compute_algo or "most_recent").lower()
+        if self.amax_compute_algo is None:
+            self.amax_compute_algo = env.get("ACCELERATE_FP8_AMAX_COMPUTE_ALGO", "most_recent")
+        self.amax_compute_algo = self.amax_compute_algo.lower()
         if self.amax_compute_algo not in _TE_AMAX:
             raise ValueError(f"amax_compute_algo={self.amax_compute_algo!r} must be one of {', '.join(_TE_AMAX)}.")
-        self.amax_history_len = 1024 if self.amax_history_len is None else self.amax_history_len
+        if self.amax_history_len is None:
+            self.amax_history_len = int(env.get("ACCELERATE_FP8_AMAX_HISTORY_LEN", 1024))
         if self.override_linear_precision is None:
-            self.override_linear_precision = (False, False, False)
-        self.use_mxfp8_block_scaling = bool(self.use_mxfp8_block_scaling)
+            self.override_linear_precision = (flag("OVERRIDE_FPROP"), flag("OVERRIDE_DGRAD"), flag("OVERRIDE_WGRAD"))
+        if self.use_mxfp8_block_scaling is None:
+            self.use_mxfp8_block_scaling = flag("USE_MXFP8_BLOCK_SCALING")
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The recipe fields that differ from Accelerate's defaults (the environment's values count as set), as Accelerate's."""
+        default = object.__new__(TERecipeKwargs)
+        for name in _TE_FIELDS:
+            setattr(default, name, None)
+        default._fill({})
+        return {name: getattr(self, name) for name in _TE_FIELDS if getattr(self, name) != getattr(default, name)}
+
+
+_TE_FIELDS = tuple(TERecipeKwargs.__dataclass_fields__)
 
 
 _MSAMP = ("configures MS-AMP, which hasten does not support; train in fp8 with AORecipeKwargs (torchao) "

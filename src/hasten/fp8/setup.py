@@ -4,12 +4,14 @@ Accelerate 1.15's choices: `mixed_precision="fp8"` without a recipe
 handler picks torchao, else Transformer Engine, else MS-AMP (the first
 installed) with that backend's default recipe; a recipe handler without
 `mixed_precision="fp8"` is an error. Forward passes run under bf16
-autocast (`hasten.precision`); torchao's `Float8Linear` does the fp8
-matrix products. On CUDA, real fp8 needs compute capability 8.9+ (Ada,
-Hopper); older GPUs are refused unless the recipe emulates
+autocast (`hasten.precision`); torchao's `Float8Linear` (`ao.py`) or
+Transformer Engine's layers inside its ``fp8_autocast`` (`te.py`) do the
+fp8 matrix products. On CUDA, real fp8 needs compute capability 8.9+
+(Ada, Hopper); older GPUs are refused unless the torchao recipe emulates
 (``Float8LinearConfig(emulate=True)``). On the CPU, torch has an fp8
-matrix product (`torch._scaled_mm`), so Accelerate's recipe runs as is;
-emulation, the faster one there, is the same opt-in.
+matrix product (`torch._scaled_mm`), so Accelerate's torchao recipe runs
+as is; emulation, the faster one there, is the same opt-in. Transformer
+Engine runs on NVIDIA GPUs only and is refused elsewhere.
 
 Example:
     >>> import torch
@@ -119,10 +121,6 @@ class Fp8Setup:
                                       "train in fp8 with DDP or FSDP, or use mixed_precision='bf16' with DeepSpeed.")
         if not setup.has_handler:
             setup._choose_default_backend()
-        if setup.backend is FP8BackendType.TE:
-            # TE's recipes construct only where transformer_engine is installed; hasten does not drive it yet.
-            raise NotImplementedError("Transformer Engine fp8 (TERecipeKwargs) is not driven by this hasten version; "
-                                      "use AORecipeKwargs (torchao) for fp8 training.")
         setup._check_device(device, capability)
         return setup
 
@@ -150,6 +148,8 @@ class Fp8Setup:
                               "install one (pip install torchao) or use mixed_precision='bf16'.")
 
     def _check_device(self, device: torch.device, capability: tuple[int, int] | None) -> None:
+        if self.backend is FP8BackendType.TE:
+            return self._check_te_device(device, capability)
         assert self.ao_recipe_handler is not None
         if device.type != "cuda" or self.ao_recipe_handler.config.emulate:
             return
@@ -160,11 +160,27 @@ class Fp8Setup:
                 f"this one has {capability[0]}.{capability[1]}; use mixed_precision='bf16', or emulate fp8 with "
                 "AORecipeKwargs(config=Float8LinearConfig(emulate=True)).")
 
-    def prepare(self, args: tuple[Any, ...], fsdp2: bool, strategy: Any) -> None:
-        """Convert every model among `prepare`'s arguments to torchao float8 training, as Accelerate's prepare does.
+    def _check_te_device(self, device: torch.device, capability: tuple[int, int] | None) -> None:
+        from .te import TE_DEVICE_TYPES
 
-        With float8 all-gather (the default recipe) torchao replaces each
-        converted weight by a new Parameter wrapping the old one; the
+        if device.type not in TE_DEVICE_TYPES:
+            raise ValueError(f"Transformer Engine's fp8 (TERecipeKwargs) runs on NVIDIA GPUs only, and this Accelerator's "
+                             f"device is {device.type}; train on a GPU, or use AORecipeKwargs (torchao), which runs here.")
+        if device.type != "cuda":
+            return
+        capability = capability or torch.cuda.get_device_capability(device)
+        if tuple(capability) < _FP8_CAPABILITY:  # TE has no emulation: its fp8 kernels need Ada or Hopper
+            raise ValueError(
+                f"Transformer Engine's fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper), this one has "
+                f"{capability[0]}.{capability[1]}; use mixed_precision='bf16', or AORecipeKwargs with "
+                "Float8LinearConfig(emulate=True).")
+
+    def prepare(self, args: tuple[Any, ...], fsdp2: bool, strategy: Any) -> None:
+        """Convert every model among `prepare`'s arguments to fp8 training, as Accelerate's prepare does.
+
+        Transformer Engine: `_prepare_te`. torchao: with float8 all-gather (the
+        default recipe) torchao replaces each converted weight by a new
+        Parameter wrapping the old one; the
         optimizers of this call, and those `strategy` sets up later, are
         pointed at the new ones. (Accelerate does not: an optimizer built
         before `prepare` keeps the old Parameters, which get no gradient, so
@@ -172,6 +188,8 @@ class Fp8Setup:
         first optimizer recomputes the float8 weight scales after each step
         (torchao's `precompute_float8_dynamic_scale_for_fsdp`), as in Accelerate.
         """
+        if self.backend is FP8BackendType.TE:
+            return self._prepare_te(args, strategy)
         if self.backend is not FP8BackendType.AO:
             return
         from .ao import convert_model_to_fp8_ao
@@ -194,3 +212,28 @@ class Fp8Setup:
             optimizers[0].register_step_post_hook(lambda *_: precompute_float8_dynamic_scale_for_fsdp(model))
             # Loaded weights (load_state) need their scales too, or the next forward casts with the old ones.
             model.register_load_state_dict_post_hook(lambda *_: precompute_float8_dynamic_scale_for_fsdp(model))
+
+    def _prepare_te(self, args: tuple[Any, ...], strategy: Any) -> None:
+        """Accelerate's TE preparation: the one model's layers to TE's (optimizer following), its forward in fp8_autocast.
+
+        As in Accelerate, a `prepare` call with a model or an optimizer must
+        hold exactly one of each. The forward is wrapped before the strategy
+        wraps the model and puts bf16 autocast around it (Accelerate wraps
+        after; both only set autocast state for the same call).
+        """
+        from .te import apply_fp8_autowrap, convert_model
+
+        models = [arg for arg in args if isinstance(arg, nn.Module)]
+        optimizers = [arg for arg in args if isinstance(arg, torch.optim.Optimizer)]
+        if not models and not optimizers:
+            return
+        if len(models) != 1 or len(optimizers) != 1:
+            raise ValueError(f"Transformer Engine's fp8 prepares one model with its optimizer, and prepare got "
+                             f"{len(models)} model(s) and {len(optimizers)} optimizer(s); pass them together: "
+                             "accelerator.prepare(model, optimizer, ...).")
+        model = models[0]
+        before = dict(model.named_parameters())
+        convert_model(model)
+        _follow_new_weights(before, model, optimizers)
+        strategy._record_replaced_params(before, model)
+        apply_fp8_autowrap(model, self.te_recipe_handler or self.fp8_recipe_handler)

@@ -75,6 +75,7 @@ from .other import (
 )
 from .random import synchronize_rng_state, synchronize_rng_states
 from .ao import convert_model_to_fp8_ao, filter_first_and_last_linear_layers, has_ao_layers
+from .transformer_engine import apply_fp8_autowrap, contextual_fp8_autocast, convert_model, has_transformer_engine_layers
 from .dataclasses import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .tqdm import tqdm
 from .unavailable import *  # noqa: F401,F403 - features hasten lacks: they exist and refuse when used
@@ -220,6 +221,7 @@ __all__ = [
     *_probes,
     *_unavailable,
     "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers",
+    "apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "has_transformer_engine_layers",
     "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs",
     "skip_first_batches",
     "DataLoaderConfiguration",
