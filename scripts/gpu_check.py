@@ -13,18 +13,27 @@ failure or hang costs only its row. Sections:
 - ``nccl``: a NCCL process group of 2 ranks through torchrun (needs 2 GPUs;
   without a GPU it runs on gloo, which checks the code): the collectives
   with their shape checks, and DDP training steps.
-- ``fsdp2``: FSDP2 on 2 ranks under torchrun: bf16 steps, `save_state` /
+- ``fsdp2``: FSDP2 on 2 ranks under torchrun (1 rank in a NCCL group of its
+  own on a one-GPU machine): bf16 steps, `save_state` /
   `load_state` (sharded), an asynchronous save.
 - ``async``: `save_state(async_save=True)` of CUDA tensors: the files equal a
   synchronous save's bit for bit; the training stall against a synchronous save.
 - ``dispatch``: `load_checkpoint_and_dispatch` with a GPU budget smaller than the
   model (the rest on the CPU): outputs equal the in-memory model; time beside
   Accelerate's.
-- ``compile``: `dynamo_backend="inductor"`: compile time and steps/s against eager.
+- ``compile``: `dynamo_backend="inductor"` and regional compilation
+  (`TorchDynamoPlugin(use_regional_compilation=True)`) of 12 repeated blocks:
+  first-step time and steps/s against eager and against each other.
 - ``fp8``: torchao float8 training through `mixed_precision="fp8"` (an MLP of
   4096-wide Linear layers): steps/s against bf16, layers converted; refused in
   one sentence on a GPU older than Ada; emulated on a CPU dry run.
-- ``deepspeed``: what happens (built, refused in one sentence, or not installed).
+- ``deepspeed``: ZeRO-3 with bf16 under torchrun (1 rank on a one-GPU
+  machine): steps, `save_state`, `load_state`; the two steps after loading
+  repeat the two after saving exactly.
+- ``cp``: context parallel over 2 ranks: torch's ring attention on CUDA
+  through hasten's hand-off (on a one-GPU machine both ranks share it over
+  gloo), an attention layer's output and gradients against the unsplit run;
+  on a CPU dry run hasten's own gathered-KV attention.
 
 The table is printed as Markdown and written to ``$OUT/gpu_check.md`` when OUT is set.
 """
@@ -42,8 +51,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("env", "speed", "parity", "nccl", "fsdp2", "async", "dispatch", "compile", "fp8", "deepspeed")
-LIMITS = {"fp8": 240, "speed": 90, "parity": 120, "nccl": 90, "fsdp2": 120, "async": 150, "dispatch": 150, "compile": 180}
+SECTIONS = ("env", "speed", "parity", "nccl", "fsdp2", "deepspeed", "cp", "async", "dispatch", "compile", "fp8")
+LIMITS = {"deepspeed": 180, "cp": 90, "fp8": 240, "speed": 90, "parity": 120, "nccl": 90, "fsdp2": 120, "async": 150, "dispatch": 150, "compile": 180}
 
 
 def _env() -> dict[str, str]:
@@ -52,11 +61,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _child(code: str, timeout: float, torchrun: bool = False) -> tuple[int, str]:
-    """Run `code` in a fresh interpreter (or under torchrun with one rank); (exit code, output)."""
+def _child(code: str, timeout: float, torchrun: int = 0) -> tuple[int, str]:
+    """Run `code` in a fresh interpreter (or under torchrun with `torchrun` ranks); (exit code, output)."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(textwrap.dedent(code))
-    command = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29611", f.name]
+    command = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(torchrun), "--master-port", "29611", f.name]
                if torchrun else [sys.executable, f.name])
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_env())
@@ -90,7 +99,8 @@ CODE = {
     "env": COMMON + """
 import importlib.util, hasten
 acc = importlib.import_module("accelerate").__version__ if importlib.util.find_spec("accelerate") else "not installed"
-result(torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "none",
+have = {name: importlib.util.find_spec(name) is not None for name in ("deepspeed", "torchao", "transformer_engine")}
+result(**have, torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "none",
        hasten=hasten.__version__, accelerate=acc, nccl=".".join(map(str, torch.cuda.nccl.version())) if DEV == "cuda" else "none")
 """,
     "speed": COMMON + """
@@ -214,10 +224,24 @@ result(max_abs_diff=float((got - expected).abs().max()), params_on_gpu=on_gpu, p
 """,
     "compile": COMMON + """
 from hasten import Accelerator
+from hasten.state import AcceleratorState
+from hasten.utils import TorchDynamoPlugin
+class Blocks(nn.Module):  # repeated blocks in a ModuleList: what regional compilation compiles once and reuses
+    def __init__(self, width, depth):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
 rows = {}
-for backend in ("no", "inductor"):
-    accelerator = Accelerator(mixed_precision="bf16", dynamo_backend=backend)
-    model = accelerator.prepare(mlp(2048, 6))
+for backend in ("no", "inductor", "regional"):
+    AcceleratorState._reset_state(True)
+    plugin = TorchDynamoPlugin(backend="inductor", use_regional_compilation=True) if backend == "regional" else None
+    accelerator = Accelerator(mixed_precision="bf16", **({"dynamo_plugin": plugin} if plugin else {"dynamo_backend": backend}))
+    torch.manual_seed(0)
+    model = accelerator.prepare(Blocks(2048 if BIG else 256, 12))
     opt = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-4))
     x = torch.randn(256, 2048 if BIG else 256, device=DEV)
     def step():
@@ -229,7 +253,9 @@ for backend in ("no", "inductor"):
     sync()
     rows[backend] = {"first_step_s": round(first, 2), "steps_per_s": round(50 / (time.perf_counter() - s), 1),
                      "compiled": type(accelerator.unwrap_model(model, keep_torch_compile=True)).__name__}
-result(**rows, speedup=round(rows["inductor"]["steps_per_s"] / rows["no"]["steps_per_s"], 3))
+result(**rows, speedup=round(rows["inductor"]["steps_per_s"] / rows["no"]["steps_per_s"], 3),
+       regional_vs_whole_first_step=round(rows["regional"]["first_step_s"] / rows["inductor"]["first_step_s"], 3),
+       regional_vs_whole_steps=round(rows["regional"]["steps_per_s"] / rows["inductor"]["steps_per_s"], 3))
 """,
     "fp8": COMMON + """
 import importlib.util
@@ -273,14 +299,16 @@ def ratio(a, b):
     return round(rows[a]["steps_per_s"] / rows[b]["steps_per_s"], 3) if isinstance(rows.get(a), dict) and isinstance(rows.get(b), dict) else None
 result(**rows, fp8_vs_bf16=ratio("fp8", "bf16"), compiled_fp8_vs_bf16=ratio("fp8+inductor", "bf16+inductor"))
 """,
-    "deepspeed": COMMON + """
-import importlib.util
-if importlib.util.find_spec("deepspeed") is None:
-    result(outcome="deepspeed is not installed on this machine")
-else:
-    result(outcome="installed (not run by this check yet)")
-""",
 }
+
+# Under torchrun. On a machine with one GPU the section runs as 1 rank in a NCCL group of its own (NCCL refuses
+# two ranks on one GPU), so FSDP2's and ZeRO's collectives still go through NCCL on the GPU.
+ONE_RANK_GROUP = """
+import os, torch.distributed as dist
+if DEV == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+"""
 
 CODE["nccl"] = COMMON + """
 import os
@@ -301,7 +329,7 @@ result(backend=dist.get_backend() if dist.is_initialized() else None, distribute
 accelerator.end_training()
 """
 
-CODE["fsdp2"] = COMMON + """
+CODE["fsdp2"] = COMMON + ONE_RANK_GROUP + """
 import os, tempfile
 from pathlib import Path
 from hasten import Accelerator
@@ -323,9 +351,80 @@ accelerator.load_state(root / "ckpt")
 after = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
 restored = all(torch.equal(before[k], after[k]) for k in before)
 handle = accelerator.save_state(root / "async", async_save=True); step(); handle.wait()
-result(distributed_type=str(accelerator.distributed_type), wrapped=type(model).__name__, losses=losses,
+result(distributed_type=str(accelerator.distributed_type), ranks=accelerator.num_processes,
+       backend=dist.get_backend() if dist.is_initialized() else None, wrapped=type(model).__name__, losses=losses,
        restored_exactly=restored, async_published=(root / "async").is_dir(), files=sorted(p.name for p in (root / "ckpt").iterdir()))
 accelerator.end_training()
+"""
+
+CODE["deepspeed"] = COMMON + ONE_RANK_GROUP + """
+import importlib.util
+from pathlib import Path
+if importlib.util.find_spec("deepspeed") is None:
+    result(outcome="deepspeed is not installed on this machine")
+    raise SystemExit(0)
+from hasten import Accelerator
+from hasten.utils import DeepSpeedPlugin
+# ZeRO-3 with bf16 on the GPU; save_state, one more step, load_state: the step after loading repeats exactly.
+accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_accumulation_steps=1))
+model = mlp(1024, 4)
+model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+x = torch.randn(64, 1024 if BIG else 256, device=accelerator.device)
+def step():
+    loss = model(x).float().pow(2).mean(); accelerator.backward(loss); opt.step(); opt.zero_grad(); return loss.item()
+losses = [step() for _ in range(3)]
+root = Path(os.environ["CHECK_DIR"])
+accelerator.save_state(root / "ds")
+after_save = [step(), step()]
+accelerator.load_state(root / "ds")
+after_load = [step(), step()]
+result(distributed_type=str(accelerator.distributed_type), ranks=accelerator.num_processes, wrapped=type(model).__name__,
+       losses=losses, resumed_exactly=after_save == after_load, after_save=after_save, after_load=after_load)
+accelerator.end_training()
+"""
+
+CODE["cp"] = COMMON + """
+import copy, os
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from hasten.strategies.parallel.context import context_parallel_context, load_balanced_positions
+# Two ranks share the one GPU over gloo (NCCL refuses two ranks on one GPU): torch's ring attention on CUDA
+# kernels, hasten's hand-off to it; on a CPU dry run the same code takes hasten's gathered-KV attention.
+if DEV == "cuda":
+    torch.cuda.set_device(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+mesh = init_device_mesh(DEV, (2,), mesh_dim_names=("cp",))
+B, S, W, H = 2, 256, 128, 4
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(W, 3 * W), nn.Linear(W, W)
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, H, W // H).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(x.shape))
+torch.manual_seed(0)
+model = Attention().to(DEV); reference = copy.deepcopy(model)
+x = torch.randn(B, S, W, device=DEV)
+expected = reference(x); expected.pow(2).sum().backward()
+local = x.clone()
+run = context_parallel_context(mesh, None)
+with run(buffers=[local], buffer_seq_dims=[1], no_restore_buffers={local}):
+    y = model(local); y.pow(2).sum().backward()
+for p in model.parameters():
+    dist.all_reduce(p.grad)
+mine = load_balanced_positions(S, 2, rank).to(DEV)
+out_diff = (y - expected[:, mine]).abs().max().item()
+grad_diff = max((p.grad - r.grad).abs().max().item() for p, r in zip(model.parameters(), reference.parameters()))
+ok = out_diff < 1e-4 and grad_diff < 1e-3
+if rank == 0:
+    result(kind="torch ring attention" if DEV == "cuda" else "hasten gathered-KV (CPU dry run)", ranks=2,
+           local_tokens=y.shape[1], output_max_diff=out_diff, grad_max_diff=grad_diff, within_tolerance=ok)
+dist.destroy_process_group()
+raise SystemExit(0 if ok else 1)
 """
 
 CODE["parity"] = """
@@ -382,12 +481,14 @@ def main(argv: list[str] | None = None) -> int:
 
     gpus = torch.cuda.device_count()
     for section in chosen:
-        if section in ("nccl", "fsdp2") and gpus == 1:  # NCCL refuses two ranks on one GPU
+        if section == "nccl" and gpus == 1:  # NCCL refuses two ranks on one GPU, and one rank runs no DDP
             rows.append((section, "skipped", 0.0, "needs 2 GPUs (NCCL puts one rank on each); this machine has 1"))
             print(f"[{section}] skipped: {rows[-1][3]}", flush=True)
             continue
         start = time.perf_counter()
-        code, output = _child(CODE[section], LIMITS.get(section, 60), torchrun=section in ("nccl", "fsdp2"))
+        ranks = 1 if section in ("fsdp2", "deepspeed") and gpus == 1 else 2  # cp: two ranks share a GPU over gloo
+        code, output = _child(CODE[section], LIMITS.get(section, 60),
+                              torchrun=ranks if section in ("nccl", "fsdp2", "deepspeed", "cp") else 0)
         found = _result(output)
         status = "ok" if code == 0 and found else f"FAILED (exit {code})"
         detail = json.dumps(found) if found else output.strip().splitlines()[-1][:300] if output.strip() else ""
