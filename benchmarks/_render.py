@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 PEERS = {"accelerate": "accelerate", "fabric": "lightning"}  # name -> module
 FRAMEWORKS = ["hasten", *PEERS]
@@ -438,6 +439,9 @@ def render(records: list[dict], quick: bool) -> str:
               "every N batches, `fabric.backward`. Faults start it with torchrun."
               if "fabric" in peers else "- **Lightning Fabric**: not installed in this environment; not measured.",
               ""]
+    gpu = Path(__file__).with_name("gpu_check.md")
+    if gpu.is_file():  # the last GPU run (scripts/gpu_check.py on a lent machine): its table, as recorded there
+        lines += ["## On a GPU", ""] + gpu.read_text().splitlines()[2:] + [""]
     if runs:
         lines += ["## Console output", ""]
         for r in runs:
