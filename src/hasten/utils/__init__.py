@@ -58,6 +58,7 @@ from ..availability import PROBES as _probes
 from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
+    clean_state_dict_for_safetensors,
     compile_regions,
     compile_regions_deepspeed,
     compile_regions_fsdp2,
@@ -261,7 +262,7 @@ __all__ += sorted([
     "get_balanced_memory", "get_max_layer_size", "get_max_memory", "infer_auto_device_map", "load_offloaded_weights",
     "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "align_module_device", "calculate_maximum_sizes", "check_tied_parameters_in_config", "get_grad_scaler",
-    "get_mixed_precision_context_manager", "has_offloaded_params", "id_tensor_storage", "is_peft_model",
+    "get_mixed_precision_context_manager", "has_offloaded_params", "clean_state_dict_for_safetensors", "id_tensor_storage", "is_peft_model",
     "load_state_dict",
     "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
     "offload_state_dict", "offload_weight", "save_offload_index",
