@@ -114,6 +114,8 @@ from ..strategies.deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 from ..strategies.deepspeed.wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..strategies.parallel.mesh import ParallelismConfig, TorchTensorParallelConfig
+from .dataclasses import TorchTensorParallelPlugin
+from .other import get_model_tp_size
 from .fsdp_utils import load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model, save_fsdp_optimizer
 from .modeling import (
     align_module_device,
@@ -254,7 +256,7 @@ __all__ = [
 __all__ += sorted([
     "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "DummyOptim",
     "DummyScheduler", "HfDeepSpeedConfig", "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
-    "ParallelismConfig", "TorchTensorParallelConfig", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model",
+    "ParallelismConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin", "get_model_tp_size", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model",
     "save_fsdp_optimizer",
     "load_fsdp_optimizer",
     "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",
