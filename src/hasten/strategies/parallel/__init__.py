@@ -8,7 +8,8 @@
 - `context.py`: `maybe_context_parallel`'s context (torch's `context_parallel` on CUDA, gathered-KV attention on
   CPU); `context_config.py`: its `TorchContextParallelConfig`;
 - `pipeline.py`: `prepare_pippy` (pipelined inference; the peer's path is `hasten.inference`) and
-  `prepare_pipeline_training` (GPipe / 1F1B on `torch.distributed.pipelining`).
+  `prepare_pipeline_training` (GPipe / 1F1B on `torch.distributed.pipelining`); `pippy.py`: the helpers
+  Accelerate's `prepare_pippy` is made of (`build_pipeline`, `pippy_forward`, ...).
 
 The names below are imported on first use, so reading a `ParallelismConfig` does not import torch.
 
@@ -26,6 +27,10 @@ _EXPORTS = {
     "auto_split_points": "pipeline",
     "prepare_pipeline_training": "pipeline",
     "prepare_pippy": "pipeline",
+    "build_pipeline": "pippy",
+    "find_pippy_batch_size": "pippy",
+    "generate_device_map": "pippy",
+    "pippy_forward": "pippy",
     "apply_tensor_parallel": "tensor",
     "expand_tp_plan": "tensor",
     "model_tp_plan": "tensor",
