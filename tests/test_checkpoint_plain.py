@@ -97,3 +97,21 @@ def test_a_bad_map_location_is_refused_as_accelerate_does(tmp_path):
     for load in (load_accelerator_state, accelerate_checkpointing.load_accelerator_state):
         with pytest.raises(TypeError, match="map.location"):
             load(str(tmp_path), [], [], [], [], 0, map_location="disk")
+
+
+def test_accelerator_load_state_reads_the_folder(tmp_path):
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    save_accelerator_state(tmp_path, [accelerator.get_state_dict(model)], [optimizer], [], [], 0, step=0)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.zero_()
+    accelerator.load_state(str(tmp_path))  # no manifest: read as a folder Accelerate wrote
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    assert int(optimizer.state_dict()["state"][0]["step"]) == 1
