@@ -18,6 +18,14 @@ from hasten.checkpointing import load_accelerator_state, save_accelerator_state
 accelerate_checkpointing = pytest.importorskip("accelerate.checkpointing")
 
 
+@pytest.fixture(autouse=True)
+def accelerate_state():
+    """Accelerate's functions log through its logger, which needs its state (one CPU process)."""
+    from accelerate.state import PartialState
+
+    PartialState(cpu=True)
+
+
 def objects(seed: int = 0):
     """Two models (one with tied weights), an AdamW that stepped, a scheduler and a GradScaler."""
     torch.manual_seed(seed)
@@ -99,19 +107,37 @@ def test_a_bad_map_location_is_refused_as_accelerate_does(tmp_path):
             load(str(tmp_path), [], [], [], [], 0, map_location="disk")
 
 
-def test_accelerator_load_state_reads_the_folder(tmp_path):
+def tied():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    model[1].weight = model[0].weight  # as transformers ties lm_head to the embedding
+    return model
+
+
+def test_save_state_and_load_state_meet_accelerate_on_tied_weights(tmp_path):
     from hasten import Accelerator
 
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
+    model = tied()
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()
-    save_accelerator_state(tmp_path, [accelerator.get_state_dict(model)], [optimizer], [], [], 0, step=0)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
+    # Accelerate's function's folder (tied weight once) loads with load_state: the missing name is its twin's
+    (tmp_path / "theirs").mkdir()
+    accelerate_checkpointing.save_accelerator_state(str(tmp_path / "theirs"), [model.state_dict()], [optimizer], [], [], 0, 0)
     with torch.no_grad():
-        model.weight.zero_()
-    accelerator.load_state(str(tmp_path))  # no manifest: read as a folder Accelerate wrote
-    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+        model[0].weight.zero_()
+    accelerator.load_state(str(tmp_path / "theirs"))  # no manifest: read as a folder Accelerate wrote
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items()) and model[1].weight is model[0].weight
     assert int(optimizer.state_dict()["state"][0]["step"]) == 1
+    # save_state writes the tied weight once too, so Accelerate's loader takes hasten's checkpoint
+    accelerator.save_state(str(tmp_path / "ours"))
+    assert sorted(load_file(tmp_path / "ours" / "model.safetensors")) == ["0.bias", "0.weight", "1.bias"]
+    fresh = tied()
+    accelerate_checkpointing.load_accelerator_state(str(tmp_path / "ours"), [fresh], [], [], [], 0)
+    assert all(torch.equal(saved[k], v) for k, v in fresh.state_dict().items())
+    with torch.no_grad():
+        model[0].weight.zero_()
+    accelerator.load_state(str(tmp_path / "ours"))  # and hasten's own loader too
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
