@@ -102,6 +102,7 @@ def test_the_older_tp_plugin_and_model_tp_size_as_accelerate():
     with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin is deprecated"):
         accelerator = Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=1))
     assert accelerator.parallelism_config.tp_size == 1  # Accelerate: ParallelismConfig(tp_size=plugin.tp_size)
+    assert accelerator.state.torch_tp_plugin is None  # Accelerate's Accelerator does not hand it to its state
 
 
 # -- training on real processes --------------------------------------------------------------
