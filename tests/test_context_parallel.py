@@ -124,3 +124,10 @@ def test_context_parallel_on_cpu_equals_one_process(cp_runs):
             assert step["labels_kept_sharded"] == seq // 2 and step["labels_are_my_slice"]
             assert step["local_loss_differs"] > 1e-3  # each rank really saw only its half
             assert step["loss_diff"] <= 1e-5 and step["grad_max_diff"] <= 1e-5 and step["param_max_diff"] <= 1e-5, (rank, seq, step)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_context_parallel_resumes_from_save_state_exactly(cp_runs):
+    for rank, result in cp_runs.items():  # trained 4 steps vs loaded after 2 and trained 2 more: bit for bit
+        assert result["resume"]["bitwise"], f"rank {rank}: parameters differ by {result['resume']['max_diff']}"

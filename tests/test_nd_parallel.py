@@ -77,6 +77,34 @@ def test_settle_is_accelerates_validation():
         ParallelismConfig(tp_size=4).settle(4, fsdp_plugin_given=True)
 
 
+def test_the_older_tp_plugin_and_model_tp_size_as_accelerate():
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    from hasten import Accelerator
+    from hasten.utils import TorchTensorParallelPlugin, get_model_tp_size
+
+    fields = [(f.name, f.default) for f in dataclasses.fields(TorchTensorParallelPlugin)]
+    assert fields == [(f.name, f.default) for f in dataclasses.fields(accelerate_utils.TorchTensorParallelPlugin)]
+
+    class Model:  # what transformers records: on the model (< 5) or in config.distributed_config (>= 5)
+        def __init__(self, tp_size=None, config=None):
+            self.tp_size, self.config = tp_size, config
+
+    class Config:
+        def __init__(self, distributed_config):
+            self.distributed_config = distributed_config
+
+    class Distributed:
+        tp_size = 4
+
+    for model in (Model(), Model(2), Model(None, Config({"tp_size": 2})), Model(None, Config(Distributed())),
+                  Model(None, Config(None)), object()):
+        assert get_model_tp_size(model) == accelerate_utils.get_model_tp_size(model)
+    with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin is deprecated"):
+        accelerator = Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=1))
+    assert accelerator.parallelism_config.tp_size == 1  # Accelerate: ParallelismConfig(tp_size=plugin.tp_size)
+    assert accelerator.state.torch_tp_plugin is None  # Accelerate's Accelerator does not hand it to its state
+
+
 # -- training on real processes --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -115,3 +143,13 @@ def test_resumed_run_equals_uninterrupted(runs, name):
         resumed = result["resumed"][name]
         assert resumed["diff"] <= TOLERANCE, f"{name} rank {rank}: resumed parameters differ by {resumed['diff']}"
         assert resumed["seen"] == result["layouts"][name]["seen"][2:4]  # it went on with steps 3 and 4
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_model_split_over_another_tp_size_is_refused(runs):
+    for result in runs[4].values():  # split over 2 processes, prepared under tp_size=4 (Accelerate raises too)
+        assert result["refused_split"] == (
+            "ConfigError: the model was split for tensor parallelism over 2 processes before prepare, but the "
+            "ParallelismConfig has tp_size=4; split it with tp_size=4 (e.g. from_pretrained(..., tp_plan='auto', "
+            "tp_size=4)) or set ParallelismConfig(tp_size=2).")

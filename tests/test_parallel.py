@@ -9,6 +9,7 @@ for pipeline parallel).
 from __future__ import annotations
 
 import types
+import warnings
 
 import pytest
 import torch
@@ -203,6 +204,23 @@ def test_prepare_pippy_single_process_is_a_no_op():
     assert torch.equal(net(x), expected) and net.hf_split_points == []
 
 
+def test_pippy_helpers_as_accelerate():
+    accelerate_inference = pytest.importorskip("accelerate.inference")
+    from hasten.inference import find_pippy_batch_size, generate_device_map
+
+    net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # both say the GPUs of the map are absent here
+        for n in (1, 2, 3):
+            assert generate_device_map(net, n) == accelerate_inference.generate_device_map(net, n)
+        budget = {0: "20KB", 1: "20KB", "cpu": "1GB"}
+        assert (generate_device_map(net, 2, max_memory=budget)
+                == accelerate_inference.generate_device_map(net, 2, max_memory=budget))
+    for args, kwargs in [((torch.ones(3, 2),), None), (("a", [torch.ones(5)]), {"x": torch.ones(2)}),
+                         ((), {"s": "t", "x": torch.ones(4, 1)}), (None, None), ((1,), {})]:
+        assert find_pippy_batch_size(args, kwargs) == accelerate_inference.find_pippy_batch_size(args, kwargs)
+
+
 # -- real processes ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pipeline_runs(tmp_path_factory):
@@ -229,6 +247,7 @@ def test_pipeline_inference_equals_unsplit(pipeline_runs):
         assert result["infer_padded"] <= TOLERANCE  # a smaller batch is padded, then cut back
         assert result["reference_untouched"] == 0.0
         assert result["infer_dict"] <= TOLERANCE  # kwargs in, {"logits": ...} out, padded batch of 6
+        assert result["pippy_forward"] <= TOLERANCE  # build_pipeline + pippy_forward, gathered
     assert first["infer_last_is_none"] and not last["infer_last_is_none"]
     assert last["infer_last"] <= TOLERANCE
 

@@ -100,3 +100,10 @@ def test_each_process_gets_its_half_of_every_sequence(ulysses_run):
         assert result["second_first_shape"] == [2, 8]  # deepspeed_ulysses_dl_adapter on a loader prepared alone
         assert result["train_batch_size"] == 2  # ZeRO's data parallel is world / sp_size = 1 process
         assert result["mesh"]  # torch_device_mesh is None under DeepSpeed's SP, as in Accelerate
+
+
+@pytest.mark.multiprocess
+def test_a_run_resumed_from_save_state_continues_exactly(ulysses_run):
+    for rank, result in ulysses_run.items():  # loaded after step 2 (other initial weights), trained steps 3-4
+        assert result["resumed_losses"] == result["losses"][2:], f"rank {rank}"
+        assert result["resumed_bitwise"], f"rank {rank}: parameters differ by {result['resumed_diff']}"

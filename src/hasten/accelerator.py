@@ -50,18 +50,19 @@ from .runtime.optimizer import AcceleratedOptimizer
 from .runtime.scheduler import SchedulerKwargs
 from .runtime.state import AcceleratorState
 from .saving import save as _save
+from .strategies.parallel.tp_size import tp_plugin_parallelism
 from .strategies.select import select_strategy
 
 if TYPE_CHECKING:
     from .strategies.deepspeed.plugin import DeepSpeedPlugin
     from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from .strategies.parallel.mesh import ParallelismConfig
+    from .strategies.parallel.tp_size import TorchTensorParallelPlugin
 
 __all__ = ["Accelerator"]
 
 _UNSUPPORTED = {
     "megatron_lm_plugin": "Megatron-LM, which needs NVIDIA GPUs and the megatron-core package",
-    "torch_tp_plugin": "the older tensor-parallel plugin (pass parallelism_config=ParallelismConfig(tp_size=...))",
     "deepspeed_plugins": "several DeepSpeed plugins in one Accelerator (pass one as deepspeed_plugin=)",
 }
 
@@ -175,6 +176,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         dynamo_backend: DynamoBackend | str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         rng_types: list[Any] | None = None,
+        torch_tp_plugin: TorchTensorParallelPlugin | None = None,
         **unsupported: Any,
     ) -> None:
         _refuse_unsupported(unsupported)
@@ -207,6 +209,8 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.te_recipe_handler, self.msamp_recipe_handler = self._fp8.te_recipe_handler, self._fp8.msamp_recipe_handler
         self.profile_handler: ProfileKwargs | None = handlers.profile
         self.autocast_handler: AutocastKwargs | None = handlers.autocast
+        if torch_tp_plugin is not None:  # Accelerate's deprecated plugin: only its tp_size is read
+            parallelism_config = tp_plugin_parallelism(torch_tp_plugin, parallelism_config)
         if parallelism_config is None and spec.parallelism is not None:  # `hasten launch --use_parallelism_config`
             from .strategies.parallel.mesh import ParallelismConfig
 

@@ -1,6 +1,7 @@
 """Accelerate's ``accelerate.inference`` module path: pipelined inference with :func:`prepare_pippy`.
 
-The code lives in `hasten.strategies.parallel.pipeline`.
+The code lives in `hasten.strategies.parallel.pipeline` (`prepare_pippy`) and `.pippy` (the helpers it is
+made of in Accelerate: `generate_device_map`, `find_pippy_batch_size`, `build_pipeline`, `pippy_forward`).
 
 Example:
     >>> import torch
@@ -15,5 +16,7 @@ Example:
 """
 
 from .strategies.parallel.pipeline import auto_split_points, prepare_pippy
+from .strategies.parallel.pippy import build_pipeline, find_pippy_batch_size, generate_device_map, pippy_forward
 
-__all__ = ["auto_split_points", "prepare_pippy"]
+__all__ = ["auto_split_points", "build_pipeline", "find_pippy_batch_size", "generate_device_map", "pippy_forward",
+           "prepare_pippy"]

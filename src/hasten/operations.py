@@ -41,6 +41,7 @@ __all__ = [
     "is_torch_tensor",
     "listify",
     "pad_across_processes",
+    "pad_input_tensors",
     "recursively_apply",
     "reduce",
     "send_to_device",
@@ -188,6 +189,37 @@ def ignorant_find_batch_size(data: Any) -> int | None:
         return find_batch_size(data)
     except (ValueError, TypeError):
         return None
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Every tensor in `tensor` zero-padded along its first dim, by Accelerate's rule, so that a batch of
+    `batch_size` can be cut into `num_processes` pipeline micro-batches (what `pippy_forward` does).
+
+    The padded size is ``batch_size + to_pad`` with ``to_pad = num_processes - batch_size // num_processes``
+    (``num_processes - batch_size`` for a batch smaller than `num_processes`), raised to the rows left over
+    when that is below 1: Accelerate's arithmetic, kept so the same batch gives the same shapes. A leaf that
+    is not a tensor is refused (TypeError).
+
+    Example:
+        >>> pad_input_tensors(torch.ones(3, 2), batch_size=3, num_processes=4).shape
+        torch.Size([4, 2])
+        >>> pad_input_tensors({"x": torch.ones(5)}, batch_size=5, num_processes=2)["x"]
+        tensor([1., 1., 1., 1., 1., 0.])
+    """
+    def pad(value: torch.Tensor, batch_size: int, num_processes: int, dim: int = 0) -> torch.Tensor:
+        per_process = batch_size // num_processes
+        left_over = batch_size - per_process * num_processes
+        to_pad = num_processes - (batch_size if per_process == 0 else per_process)
+        if left_over > to_pad and to_pad < 1:
+            to_pad = left_over - to_pad
+        shape = list(value.shape)
+        shape[0] = batch_size + to_pad
+        padded = value.new_zeros(shape)
+        padded[tuple(slice(0, value.shape[dim]) if i == dim else slice(None) for i in range(len(shape)))] = value
+        return padded
+
+    return recursively_apply(pad, tensor, error_on_other_type=True, batch_size=batch_size,
+                             num_processes=num_processes, dim=dim)
 
 
 def slice_tensors(data: Any, tensor_slice: slice | int, process_index: int | None = None,

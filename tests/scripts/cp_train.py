@@ -8,7 +8,10 @@ unsplit copy as the reference (full sequence, real causal mask, no CP). The
 prepared copy runs one step inside `accelerator.maybe_context_parallel` on
 this rank's load-balanced slice; its loss averaged over
 ``torch_device_mesh["dp_cp"]`` and its gradients (gathered from FSDP2 shards)
-are compared with the reference's. Writes OUT_DIR/rank{N}.json.
+are compared with the reference's. Then a resume check: AdamW trains 4 steps under
+`maybe_context_parallel`, saving its state after step 2; a second Accelerator with
+a model built from another seed loads that state and trains steps 3-4; both end
+with the same parameters. Writes OUT_DIR/rank{N}.json.
 """
 
 import copy
@@ -81,12 +84,53 @@ def batch_of(seq, seed, rows=2):
     return ids[:, :-1].clone(), torch.arange(seq).expand(rows, seq).clone(), ids[:, 1:].clone()  # labels pre-shifted
 
 
+def make_accelerator(dp: int) -> Accelerator:
+    replicate = 2 if dp >= 4 else 1  # 8 processes: HSDP (2 x 2) x cp 2
+    return Accelerator(cpu=os.environ.get("CP_DEVICE", "cpu") == "cpu",
+                       parallelism_config=ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=dp // replicate,
+                                                            cp_size=2))
+
+
+def full_params(model) -> dict:
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()}
+
+
+def resume(dp: int, directory: Path) -> dict:
+    """Train 4 steps saving after step 2; a fresh run loads that state and trains steps 3-4: the same parameters."""
+    def build(seed):
+        accelerator = make_accelerator(dp)
+        torch.manual_seed(seed)
+        model = TinyLM()
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        return accelerator, model, optimizer
+
+    def train(accelerator, model, optimizer, steps):
+        dp_rank = accelerator.parallelism_config.submesh("dp").get_local_rank() if dp > 1 else 0
+        for step in steps:
+            rows = (t[2 * dp_rank:2 * dp_rank + 2].clone().to(accelerator.device) for t in batch_of(8, 10 + step, 2 * dp))
+            ids, positions, labels = rows
+            with accelerator.maybe_context_parallel(buffers=[ids, positions, labels], buffer_seq_dims=[1, 1, 1],
+                                                    no_restore_buffers={labels}):
+                accelerator.backward(model(ids, positions, labels))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    accelerator, model, optimizer = build(0)
+    train(accelerator, model, optimizer, range(2))
+    accelerator.save_state(str(directory))
+    train(accelerator, model, optimizer, range(2, 4))
+    uninterrupted = full_params(model)
+    accelerator, model, optimizer = build(1)  # other weights: everything must come from the checkpoint
+    accelerator.load_state(str(directory))
+    train(accelerator, model, optimizer, range(2, 4))
+    resumed = full_params(model)
+    return {"bitwise": all(torch.equal(resumed[n], p) for n, p in uninterrupted.items()),
+            "max_diff": max((resumed[n] - p).abs().max().item() for n, p in uninterrupted.items())}
+
+
 def main(out: Path) -> None:
     dp = int(os.environ["WORLD_SIZE"]) // 2  # cp 2 on 2 processes; dp_shard 2 x cp 2 on 4
-    replicate = 2 if dp >= 4 else 1  # 8 processes: HSDP (2 x 2) x cp 2
-    accelerator = Accelerator(cpu=os.environ.get("CP_DEVICE", "cpu") == "cpu",
-                              parallelism_config=ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=dp // replicate,
-                                                                   cp_size=2))
+    accelerator = make_accelerator(dp)
     device = accelerator.device
     rank = accelerator.process_index
     torch.manual_seed(0)
@@ -136,6 +180,7 @@ def main(out: Path) -> None:
             "grad_max_diff": max((grads[n] - ref[n]).abs().max().item() for n in ref),
             "param_max_diff": max((params[n] - p).abs().max().item() for n, p in reference.named_parameters()),
         }
+    report["resume"] = resume(dp, out / "ckpt")
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.barrier()
 

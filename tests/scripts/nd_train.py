@@ -158,6 +158,19 @@ def resume(sizes: dict, directory: Path) -> dict:
     return {"diff": param_diff(accelerator.unwrap_model(model), reference(dp, 4)), "seen": seen}
 
 
+def refused_split() -> str:
+    """A model split over tp=2 (on a dp_shard=2 x tp=2 mesh), prepared under tp_size=4: Accelerate refuses it too."""
+    first = Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
+    torch.manual_seed(0)
+    model = apply_tensor_parallel(Net(), first.torch_device_mesh["tp"], PLAN)
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=4))
+    try:
+        accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}"
+    return "prepared"
+
+
 LAYOUTS = {
     2: {"dp_shard=2": {"dp_shard_size": 2}, "dp_replicate=2": {"dp_replicate_size": 2}, "tp=2": {"tp_size": 2}},
     4: {"dp_shard=4": {"dp_shard_size": 4}, "dp_replicate=4": {"dp_replicate_size": 4},
@@ -175,6 +188,8 @@ def main(out: Path) -> None:
         result["layouts"][name] = layout(sizes)
     for name in RESUMED.get(world, []):
         result["resumed"][name] = resume(LAYOUTS[world][name], out / f"ckpt-{name}")
+    if world == 4:
+        result["refused_split"] = refused_split()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     first.wait_for_everyone()
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hasten import PartialState
-from hasten.inference import prepare_pippy
+from hasten.inference import build_pipeline, pippy_forward, prepare_pippy
 from hasten.strategies.parallel import prepare_pipeline_training
 
 
@@ -89,6 +89,9 @@ def main(out: Path) -> None:
         dict_out = piped(x=x[:6], mask=mask[:6])
         result["infer_dict"] = (max_diff(dict_out["logits"], expected[:6]) if isinstance(dict_out, dict)
                                 else repr(type(dict_out)))
+        # Accelerate's lower-level parts: a schedule traced on one row, called with 2 rows (one per micro-batch)
+        schedule = build_pipeline(copy.deepcopy(reference), ["blocks.2"], (x[:1],), None, num_chunks=2)
+        result["pippy_forward"] = max_diff(pippy_forward(schedule.step, 2, True, x[:2]), reference(x[:2]))
 
     # -- training ----------------------------------------------------------------
     for schedule in ("gpipe", "1f1b"):

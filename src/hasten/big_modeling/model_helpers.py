@@ -33,6 +33,7 @@ from .sizes import (
 
 __all__ = [
     "align_module_device",
+    "clean_state_dict_for_safetensors",
     "calculate_maximum_sizes",
     "check_device_same",
     "check_tied_parameters_in_config",
@@ -94,6 +95,30 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
     """
     storage = tensor.untyped_storage()
     return tensor.device, storage.data_ptr(), storage.nbytes()
+
+
+def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Drop every later name of a tensor whose storage an earlier name shares, then make tensors contiguous.
+
+    safetensors refuses aliased tensors (tied weights); the first name is kept,
+    as transformers' and safetensors' loaders expect. The duplicates are deleted
+    from `state_dict` itself; the returned dict holds contiguous tensors.
+
+    Example:
+        >>> shared = torch.ones(2)
+        >>> sorted(clean_state_dict_for_safetensors({"a": shared, "b": shared, "c": torch.zeros(1)}))
+        ['a', 'c']
+    """
+    names_by_storage: dict[tuple[torch.device, int, int], list[str]] = {}
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, str):  # bitsandbytes keeps strings among its weights
+            names_by_storage.setdefault(id_tensor_storage(tensor), []).append(name)
+    dropped = [name for names in names_by_storage.values() for name in names[1:]]
+    for name in dropped:
+        del state_dict[name]
+    if dropped:
+        logger.warning(f"removed the shared tensors {set(dropped)} while saving (tied weights are stored once).")
+    return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
 
 
 def is_peft_model(model: nn.Module) -> bool:

@@ -13,6 +13,7 @@
 - `rng.py`: every RNG of a process as weights_only-loadable values.
 - `model_files.py`: `save_model`'s sharded safetensors + index (`load_checkpoint_in_model`, from `big_modeling.loading`).
 - `saveset.py`: `SaveSet`, the plain value saving and loading are handed (what to save, who saves, the strategy's seam).
+- `plain.py`: Accelerate's lower-level `save_accelerator_state` / `load_accelerator_state` over plain lists.
 - `preemption.py`: signals -> an agreed checkpoint at a batch boundary (through a save callback); progress for restarts.
 
 This layer never imports the `Accelerator`: its checkpoint methods (`hasten.facade.checkpoints`) build a `SaveSet`.
@@ -38,6 +39,8 @@ _LAZY = {
     "load_checkpoint_in_model": "model_files",
     "capture_rng_state": "rng",
     "restore_rng_state": "rng",
+    "save_accelerator_state": "plain",
+    "load_accelerator_state": "plain",
 }
 
 __all__ = [*_constants, *_LAZY, "save_custom_state", "load_custom_state"]

@@ -20,7 +20,7 @@ import torch
 from .commit import CheckpointError
 from .state import read_pickle
 
-__all__ = ["CheckpointContents", "ReadOptions", "check_model", "check_optimizer"]
+__all__ = ["CheckpointContents", "ReadOptions", "check_model", "check_optimizer", "fill_tied"]
 
 
 @dataclass
@@ -56,6 +56,38 @@ class ReadOptions:
 
     def read(self, path: Path, name: str) -> Any:
         return read_pickle(path, name, self.trust, **self.load_kwargs)
+
+
+def _same_tensor(value: Any) -> tuple[Any, ...] | None:
+    """What two names of one tied weight share (address, shape, strides); None where it cannot be known."""
+    local = getattr(value, "_local_tensor", value)  # a DTensor's own shard
+    if not isinstance(local, torch.Tensor) or local.is_meta or local.data_ptr() == 0:
+        return None
+    return local.device, local.data_ptr(), tuple(local.shape), local.stride()
+
+
+def fill_tied(saved: dict[str, torch.Tensor], expected: dict[str, Any]) -> None:
+    """Give each name a tied weight has in the model, and that the file stores once, its twin's tensor.
+
+    Accelerate (and safetensors' own saving) keep only the first name of
+    tensors that share memory (``lm_head.weight`` tied to the embedding), so
+    its checkpoints lack the others; the model's live tensors say which.
+
+    Example:
+        >>> shared = torch.zeros(2)
+        >>> saved = {"a": torch.ones(2)}
+        >>> fill_tied(saved, {"a": shared, "b": shared}); sorted(saved)
+        ['a', 'b']
+    """
+    present: dict[tuple[Any, ...] | None, str] = {}
+    for name, value in expected.items():
+        key = _same_tensor(value)
+        if key is not None and name in saved:
+            present.setdefault(key, name)
+    for name, value in expected.items():
+        twin = present.get(_same_tensor(value)) if name not in saved else None
+        if twin is not None:
+            saved[name] = saved[twin]
 
 
 def check_model(name: str, saved: dict[str, torch.Tensor], expected: dict[str, Any]) -> None:

@@ -46,7 +46,7 @@ from .constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
-from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer
+from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer, fill_tied
 from .model_files import read_weights_file
 from .saveset import SaveSet
 from .state import indexed_name, needs_every_process
@@ -120,7 +120,9 @@ def read_accelerate_checkpoint(saveset: SaveSet, path: Path, models: list[Any],
             raise
         except Exception as error:  # noqa: BLE001
             raise CheckpointError(f"{name} in {path} cannot be read ({error}); the checkpoint is damaged.") from None
-        check_model(name, saved, strategy.model_state_dict_shapes(model))
+        expected = strategy.model_state_dict_shapes(model)
+        fill_tied(saved, expected)  # tied weights stored once (Accelerate's files)
+        check_model(name, saved, expected)
         contents.models.append((model, saved))
     for i, optimizer in enumerate(saveset.optimizers):
         name = indexed_name(f"{OPTIMIZER_NAME}.bin", i)

@@ -28,7 +28,7 @@ from .constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
-from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer
+from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer, fill_tied
 from .foreign import read_accelerate_checkpoint
 from .integrity import Hashes, check_hashes, start_checking
 from .jsonable import decode
@@ -164,7 +164,9 @@ def _read_files(saveset: SaveSet, contents: CheckpointContents, models: list[Any
             saved = read_weights_file(path / name)
         except Exception as error:  # noqa: BLE001
             raise CheckpointCorrupted(f"{name} in {path} cannot be read ({error}); the checkpoint is damaged.") from None
-        check_model(name, saved, strategy.model_state_dict_shapes(model))
+        expected = strategy.model_state_dict_shapes(model)
+        fill_tied(saved, expected)  # tied weights stored once (Accelerate's files)
+        check_model(name, saved, expected)
         contents.models.append((model, saved))
     for i, optimizer in enumerate([] if sharded else saveset.optimizers):
         name = indexed_name(f"{OPTIMIZER_NAME}.bin", i)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from ..process.group import group_timeout
 from . import background, handshake, integrity
 from .snapshot import Snapshot
@@ -166,7 +167,8 @@ def _write_model(directory: Path, name: str, tensors: dict[str, torch.Tensor], s
         return _write(directory, name, {k: v.detach().cpu() for k, v in tensors.items()}, hashes)
     path = directory / name
     try:
-        write_weights(tensors, path, safe)
+        # tied weights once, under their first name, as Accelerate writes them (its loader refuses the duplicate)
+        write_weights(clean_state_dict_for_safetensors(dict(tensors)), path, safe)
         _seal(path, name, hashes)
     except Exception as failure:
         raise FileWriteFailed(name) from failure

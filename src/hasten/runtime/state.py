@@ -377,6 +377,11 @@ class AcceleratorState(PartialState):
         return None
 
     @property
+    def torch_tp_plugin(self) -> Any:
+        """None, as in Accelerate 1.15 (its Accelerator turns the plugin into ``parallelism_config`` instead)."""
+        return None
+
+    @property
     def use_ipex(self) -> bool:
         return False
 

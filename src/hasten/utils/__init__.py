@@ -23,6 +23,7 @@ from .operations import (
     is_torch_tensor,
     listify,
     pad_across_processes,
+    pad_input_tensors,
     recursively_apply,
     reduce,
     send_to_device,
@@ -58,6 +59,7 @@ from ..availability import PROBES as _probes
 from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
+    clean_state_dict_for_safetensors,
     compile_regions,
     compile_regions_deepspeed,
     compile_regions_fsdp2,
@@ -114,6 +116,8 @@ from ..strategies.deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 from ..strategies.deepspeed.wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..strategies.parallel.mesh import ParallelismConfig, TorchTensorParallelConfig
+from .dataclasses import TorchTensorParallelPlugin
+from .other import get_model_tp_size
 from .fsdp_utils import load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model, save_fsdp_optimizer
 from .modeling import (
     align_module_device,
@@ -160,6 +164,7 @@ __all__ = [
     "gather",
     "gather_object",
     "pad_across_processes",
+    "pad_input_tensors",
     "recursively_apply",
     "reduce",
     "send_to_device",
@@ -255,7 +260,7 @@ __all__ = [
 __all__ += sorted([
     "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "DummyOptim",
     "DummyScheduler", "HfDeepSpeedConfig", "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
-    "ParallelismConfig", "TorchTensorParallelConfig", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model",
+    "ParallelismConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin", "get_model_tp_size", "merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model",
     "save_fsdp_optimizer",
     "load_fsdp_optimizer",
     "check_device_map", "check_tied_parameters_on_same_device", "clean_device_map", "compute_module_sizes",
@@ -263,7 +268,7 @@ __all__ += sorted([
     "get_balanced_memory", "get_max_layer_size", "get_max_memory", "infer_auto_device_map", "load_offloaded_weights",
     "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "align_module_device", "calculate_maximum_sizes", "check_tied_parameters_in_config", "get_grad_scaler",
-    "get_mixed_precision_context_manager", "has_offloaded_params", "id_tensor_storage", "is_peft_model",
+    "get_mixed_precision_context_manager", "has_offloaded_params", "clean_state_dict_for_safetensors", "id_tensor_storage", "is_peft_model",
     "load_state_dict",
     "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
     "offload_state_dict", "offload_weight", "save_offload_index",

@@ -36,6 +36,7 @@ from ..strategies.deepspeed.plugin import DeepSpeedPlugin
 from ..strategies.deepspeed.ulysses import DeepSpeedSequenceParallelConfig
 from ..strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..strategies.parallel.mesh import TorchTensorParallelConfig
+from ..strategies.parallel.tp_size import TorchTensorParallelPlugin
 from ..strategies.parallel.context_config import TorchContextParallelConfig
 from ..tracking.base import LoggerType
 from ..fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
@@ -49,5 +50,6 @@ __all__ = [
     "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType", "AORecipeKwargs",
     "DeepSpeedSequenceParallelConfig", "FP8RecipeKwargs", "MegatronLMPlugin", "MSAMPRecipeKwargs", "TERecipeKwargs",
     "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
     "TorchContextParallelConfig",
 ]

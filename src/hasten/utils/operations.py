@@ -25,6 +25,7 @@ from ..operations import (
     is_torch_tensor,
     listify,
     pad_across_processes,
+    pad_input_tensors,
     reduce,
     slice_tensors,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "is_torch_tensor",
     "listify",
     "pad_across_processes",
+    "pad_input_tensors",
     "recursively_apply",
     "reduce",
     "send_to_device",

@@ -8,6 +8,7 @@ Example:
     True
 """
 
+from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from ..cli.basic_config import write_basic_config
 from ..objects import convert_bytes, get_pretty_name, merge_dicts, recursive_getattr
 from ..operations import wait_for_everyone
@@ -15,10 +16,11 @@ from ..ports import get_free_port, is_port_in_use
 from ..regional import (compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, has_compiled_regions,
                         has_repeated_blocks, is_repeated_blocks)
 from ..saving import load, save
+from ..strategies.parallel.tp_size import get_model_tp_size
 from ..unwrap import extract_model_from_parallel, is_compiled_module
 
 __all__ = [
-    "compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "convert_bytes",
-    "extract_model_from_parallel", "has_compiled_regions", "has_repeated_blocks", "is_repeated_blocks", "get_free_port", "get_pretty_name", "is_compiled_module",
+    "clean_state_dict_for_safetensors", "compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "convert_bytes",
+    "extract_model_from_parallel", "has_compiled_regions", "has_repeated_blocks", "is_repeated_blocks", "get_free_port", "get_model_tp_size", "get_pretty_name", "is_compiled_module",
     "is_port_in_use", "load", "merge_dicts", "recursive_getattr", "save", "wait_for_everyone", "write_basic_config",
 ]

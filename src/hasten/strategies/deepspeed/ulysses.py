@@ -141,20 +141,31 @@ def _attention_of(model: Any, wanted: str | None) -> str:
     return wanted
 
 
+_ORIGINAL_ATTENTION: dict[str, Any] = {}  # transformers' attention functions before Ulysses replaced them
+
+
 def register_ulysses(model: Any, parallelism_config: Any, micro_batch_size: int | None) -> Any:
     """Wrap the model's attention with DeepSpeed's Ulysses and create its groups; returns the ``mpu`` for the engine.
 
     Needs the process group (DeepSpeed's ``init_distributed``) and must run
-    before ``deepspeed.initialize``, once per process.
+    before ``deepspeed.initialize``; a later Accelerator of the same process gets new groups (DeepSpeed keeps one
+    set per process).
 
     Example:
         >>> # in every process, before deepspeed.initialize(model=model, mpu=mpu, ...):
         >>> # mpu = register_ulysses(model, ParallelismConfig(sp_size=2), micro_batch_size=1)
     """
+    import deepspeed.runtime.sequence_parallel.parallel_state_sp as groups
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     handler = getattr(parallelism_config, "sp_handler", None) or DeepSpeedSequenceParallelConfig()
     attention = _attention_of(model, handler.sp_attn_implementation)
+    # DeepSpeed registers once per process: its groups are globals it asserts unset, and it replaces the
+    # attention function in place. A later Accelerator (e.g. a resumed run) starts again from the original.
+    groups._SEQUENCE_PARALLEL_GROUP = groups._SEQUENCE_DATA_PARALLEL_GROUP = None
+    ALL_ATTENTION_FUNCTIONS[attention] = _ORIGINAL_ATTENTION.setdefault(attention, ALL_ATTENTION_FUNCTIONS[attention])
     return UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=model, core_attn_implementation=attention,
         sequence_parallel_size=sequence_parallel_size(parallelism_config), micro_batch_size=micro_batch_size or 1,

@@ -196,6 +196,10 @@ class FSDPStrategy(Strategy):
         # The main process's weights are the truth: kept before sharding, broadcast after. A model split
         # already (DTensors, e.g. transformers' tp_plan="auto") is gathered whole by every process (a collective).
         split = any(type(p).__name__ == "DTensor" for p in before.values())
+        if split and self.parallelism_config is not None:  # before any collective: every process refuses alike
+            from ..parallel.tp_size import check_model_tp_size
+
+            check_model_tp_size(model, self.parallelism_config.tp_size)
         full_state = {k: getattr(v, "full_tensor", v.detach)().detach().to(self.device)
                       for k, v in model.state_dict().items()} if broadcast and (rank == 0 or split) else {}
         if rank != 0:
