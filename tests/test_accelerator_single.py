@@ -214,19 +214,44 @@ def test_fp16_skips_the_step_on_inf_and_the_scheduler_waits():
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_save_uses_safetensors_for_tensor_dicts_and_leaves_no_partial_file(tmp_path):
+def test_save_writes_the_format_accelerates_save_writes_and_leaves_no_partial_file(tmp_path):
     from safetensors.torch import load_file
 
     acc = Accelerator(cpu=True)
     model = acc.prepare(torch.nn.Linear(2, 2))
-    path = tmp_path / "model.safetensors"
-    acc.save(acc.unwrap_model(model).state_dict(), path)
-    assert torch.equal(load_file(path)["weight"], model.weight)
-    acc.save({"step": 3}, tmp_path / "meta.pt")
-    assert torch.load(tmp_path / "meta.pt", weights_only=True) == {"step": 3}
+    state = acc.unwrap_model(model).state_dict()
+    # As in Accelerate 1.15, safe_serialization defaults to False: torch.save's zip pickle, whatever the file's name.
+    acc.save(state, tmp_path / "model.safetensors")
+    assert (tmp_path / "model.safetensors").read_bytes()[:4] == b"PK\x03\x04"
+    acc.save(state, tmp_path / "model.bin")
+    assert torch.equal(torch.load(tmp_path / "model.bin", weights_only=True)["weight"], model.weight)
+    acc.save(state, tmp_path / "safe.safetensors", safe_serialization=True)
+    assert torch.equal(load_file(tmp_path / "safe.safetensors")["weight"], model.weight)
     with pytest.raises(ValueError, match="safetensors can only store a dict of str -> tensor"):
         acc.save({"step": 3}, tmp_path / "bad.safetensors", safe_serialization=True)
-    assert sorted(os.listdir(tmp_path)) == ["meta.pt", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["model.bin", "model.safetensors", "safe.safetensors"]
+
+
+def test_utils_save_keeps_accelerates_signature_and_stores_tied_weights_once(tmp_path):
+    import inspect
+    from collections import OrderedDict
+
+    import accelerate.utils
+    from safetensors.torch import load_file
+
+    import hasten.utils
+
+    assert list(inspect.signature(hasten.utils.save).parameters) == list(inspect.signature(accelerate.utils.save).parameters)
+    from accelerate.state import AcceleratorState as PeerState
+
+    weight = torch.randn(3, 3)
+    try:
+        for name, save in (("hasten", hasten.utils.save), ("accelerate", accelerate.utils.save)):
+            save(OrderedDict(a=weight, b=weight, c=torch.zeros(1)), tmp_path / f"{name}.safetensors", False, True)
+    finally:
+        PeerState._reset_state(True)  # Accelerate's state singletons would leak into later tests
+    ours, theirs = load_file(tmp_path / "hasten.safetensors"), load_file(tmp_path / "accelerate.safetensors")
+    assert sorted(ours) == sorted(theirs) == ["a", "c"] and torch.equal(ours["a"], theirs["a"])
 
 
 def test_tied_weights_save_with_safetensors(tmp_path):

@@ -115,7 +115,11 @@ def tied():
 
 def test_save_state_and_load_state_meet_accelerate_on_tied_weights(tmp_path):
     from hasten import Accelerator
+    from hasten.state import AcceleratorState, GradientState
 
+    # Shared state, as Accelerate's: an earlier test left inside `accumulate` would make this step a non-syncing one.
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = tied()

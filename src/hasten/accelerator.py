@@ -49,7 +49,7 @@ from .process.group import shutdown_process_group
 from .runtime.optimizer import AcceleratedOptimizer
 from .runtime.scheduler import SchedulerKwargs
 from .runtime.state import AcceleratorState
-from .saving import save as _save
+from .runtime.files import save as _save
 from .strategies.parallel.tp_size import tp_plugin_parallelism
 from .strategies.select import select_strategy
 
@@ -367,10 +367,14 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
                                "would unscale a partial gradient; call it under `if accelerator.sync_gradients:`.")
 
     # -- saving, memory, the end ---------------------------------------------------------
-    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool | None = None) -> None:
-        """Save `obj` once (main process only), atomically; safetensors for tensor dicts (see `hasten.saving.save`)."""
-        if self.is_main_process:
-            _save(obj, f, safe_serialization=safe_serialization)
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save `obj` once, atomically: main process only, or each node's first with `save_on_each_node` (Accelerate's).
+
+        `safe_serialization=True` writes safetensors (a dict of tensors only);
+        the default pickles with `torch.save`, as Accelerate does.
+        """
+        _save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
+              safe_serialization=safe_serialization)
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A loader that starts after `num_batches` batches (to resume mid-epoch)."""

@@ -108,7 +108,8 @@ from ..options import (
     InitProcessGroupKwargs,
     ProfileKwargs,
 )
-from ..saving import load, save
+from ..runtime.files import save
+from ..saving import load
 from ..strategies.deepspeed.config import HfDeepSpeedConfig
 from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
