@@ -77,6 +77,16 @@ def test_settle_is_accelerates_validation():
         ParallelismConfig(tp_size=4).settle(4, fsdp_plugin_given=True)
 
 
+def test_sizes_beyond_the_processes_started_are_refused_by_count_not_by_a_missing_process_group():
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    with pytest.raises(ValueError, match="needs 2 processes .* but 1 were started"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2))
+    AcceleratorState._reset_state(True)
+
+
 def test_the_older_tp_plugin_and_model_tp_size_as_accelerate():
     accelerate_utils = pytest.importorskip("accelerate.utils")
     from hasten import Accelerator

@@ -217,6 +217,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             parallelism_config = ParallelismConfig()  # the sizes come from PARALLELISM_CONFIG_*, as in Accelerate
         if parallelism_config is not None:  # as Accelerate: the mesh of the sizes given, then settled for this run
             if parallelism_config.total_size > 1 and not parallelism_config.sp_enabled:  # DeepSpeed SP: its own groups
+                parallelism_config.validate(self.state.num_processes)  # "needs N processes", not "no process group"
                 parallelism_config.build_device_mesh(self.device.type)
             parallelism_config.settle(self.state.num_processes, fsdp_plugin_given=fsdp_plugin is not None)
         # Strategy and precision are chosen together, once; everything after asks the strategy.
