@@ -145,3 +145,20 @@ def test_save_state_and_load_state_meet_accelerate_on_tied_weights(tmp_path):
         model[0].weight.zero_()
     accelerator.load_state(str(tmp_path / "ours"))  # and hasten's own loader too
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_pickled_save_state_keeps_every_tied_name_as_accelerates_does(tmp_path):
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(tied())
+    accelerator.save_state(str(tmp_path / "ours"), safe_serialization=False)
+    (tmp_path / "theirs").mkdir()
+    accelerate_checkpointing.save_accelerator_state(str(tmp_path / "theirs"), [model.state_dict()], [], [], [], 0, 0,
+                                                    safe_serialization=False)
+    ours = torch.load(tmp_path / "ours" / "pytorch_model.bin", weights_only=True)
+    theirs = torch.load(tmp_path / "theirs" / "pytorch_model.bin", weights_only=True)
+    assert sorted(ours) == sorted(theirs) == ["0.bias", "0.weight", "1.bias", "1.weight"]

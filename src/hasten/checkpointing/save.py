@@ -167,8 +167,9 @@ def _write_model(directory: Path, name: str, tensors: dict[str, torch.Tensor], s
         return _write(directory, name, {k: v.detach().cpu() for k, v in tensors.items()}, hashes)
     path = directory / name
     try:
-        # tied weights once, under their first name, as Accelerate writes them (its loader refuses the duplicate)
-        write_weights(clean_state_dict_for_safetensors(dict(tensors)), path, safe)
+        # As Accelerate: safetensors hold tied weights once, under their first name (its loader refuses the
+        # duplicate); a pickle keeps every name.
+        write_weights(clean_state_dict_for_safetensors(dict(tensors)) if safe else tensors, path, safe)
         _seal(path, name, hashes)
     except Exception as failure:
         raise FileWriteFailed(name) from failure
