@@ -168,8 +168,8 @@ def _write_model(directory: Path, name: str, tensors: dict[str, torch.Tensor], s
     path = directory / name
     try:
         # As Accelerate: safetensors hold tied weights once, under their first name (its loader refuses the
-        # duplicate); a pickle keeps every name.
-        write_weights(clean_state_dict_for_safetensors(dict(tensors)) if safe else tensors, path, safe)
+        # duplicate); a pickle (above) keeps every name.
+        write_weights(clean_state_dict_for_safetensors(dict(tensors)), path, safe)
         _seal(path, name, hashes)
     except Exception as failure:
         raise FileWriteFailed(name) from failure
