@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
+from ..runtime.files import writes_shared_files
 from ..runtime.state import PartialState
 from ..saving import save
 from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME
@@ -40,12 +41,6 @@ __all__ = ["save_accelerator_state", "load_accelerator_state"]
 
 _logger = logging.getLogger("hasten")
 _LOADER_STATE_NAME = "dl_state_dict.bin"  # Accelerate's name for a stateful loader's state_dict
-
-
-def _writes_shared_files(save_on_each_node: bool) -> bool:
-    """Accelerate's rule for shared files: the main process, or each machine's main with `save_on_each_node`."""
-    state = PartialState()
-    return state.is_local_main_process if save_on_each_node else state.is_main_process
 
 
 def _rng_states(step: int) -> dict[str, Any]:
@@ -92,7 +87,7 @@ def save_accelerator_state(
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    shared = _writes_shared_files(save_on_each_node)
+    shared = writes_shared_files(save_on_each_node)
     base = f"{SAFE_MODEL_NAME}.safetensors" if safe_serialization else f"{MODEL_NAME}.bin"
     for i, state in enumerate(model_states):
         if shared:

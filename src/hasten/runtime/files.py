@@ -18,7 +18,18 @@ from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from ..saving import save as _write
 from .state import PartialState
 
-__all__ = ["save"]
+__all__ = ["save", "writes_shared_files"]
+
+
+def writes_shared_files(save_on_each_node: bool = False) -> bool:
+    """Accelerate's rule for a file written once: the main process, or each machine's first with `save_on_each_node`.
+
+    Example:
+        >>> writes_shared_files()  # one process: it is the main one
+        True
+    """
+    state = PartialState()
+    return state.is_local_main_process if save_on_each_node else state.is_main_process
 
 
 def save(obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
@@ -31,8 +42,7 @@ def save(obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, s
         >>> torch.load(path, weights_only=True)["w"]
         tensor([1., 1.])
     """
-    state = PartialState()
-    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
+    if not writes_shared_files(save_on_each_node):
         return
     if safe_serialization and isinstance(obj, OrderedDict):
         obj = clean_state_dict_for_safetensors(obj)
