@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_dir is not None:
         accelerator.wait_for_everyone()
         path = os.path.join(args.output_dir, "model.safetensors")
-        accelerator.save(accelerator.unwrap_model(model).state_dict(), path)  # main process only
+        accelerator.save(accelerator.unwrap_model(model).state_dict(), path, safe_serialization=True)  # main only
         accelerator.print(f"saved {path}")
 
     elapsed = time.perf_counter() - started

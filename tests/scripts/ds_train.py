@@ -82,9 +82,9 @@ def finish(accelerator, model, out_dir: Path, name: str, info: dict, init=None) 
     full = accelerator.get_state_dict(model)
     info["state_dict_numel"] = sum(v.numel() for v in full.values())
     info["unwrapped_type"] = type(accelerator.unwrap_model(model)).__name__
-    accelerator.save(full, out_dir / f"{name}.safetensors")
+    accelerator.save(full, out_dir / f"{name}.safetensors", safe_serialization=True)
     if init is not None:
-        accelerator.save(init, out_dir / f"{name}.init.safetensors")
+        accelerator.save(init, out_dir / f"{name}.init.safetensors", safe_serialization=True)
     (out_dir / f"{name}.rank{accelerator.process_index}.json").write_text(json.dumps(info))
     accelerator.wait_for_everyone()
 

@@ -136,7 +136,8 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
                     break
     state = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        accelerator.save({k: v.float().contiguous() for k, v in state.items()}, out / f"{name}.safetensors")
+        accelerator.save({k: v.float().contiguous() for k, v in state.items()}, out / f"{name}.safetensors",
+                         safe_serialization=True)
     info = {"losses": losses, "local_params": local, "total_params": total, "state_keys": len(state), "error": error,
             "distributed_type": accelerator.state.distributed_type.value,
             "fsdp_plugin": type(accelerator.state.fsdp_plugin).__name__,

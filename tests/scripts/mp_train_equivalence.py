@@ -60,8 +60,8 @@ def run(out_dir: Path, name: str, batch_size: int, accumulation: int, split_batc
             losses.append(accelerator.reduce(loss.detach(), "mean").item())
 
     final = {k: v.detach().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-    accelerator.save(final, out_dir / f"{name}.safetensors")
-    accelerator.save(init, out_dir / f"{name}.init.safetensors")
+    accelerator.save(final, out_dir / f"{name}.safetensors", safe_serialization=True)
+    accelerator.save(init, out_dir / f"{name}.init.safetensors", safe_serialization=True)
     info = {"micro_batches": micro_batches, "loader_len": len(loader), "first_loss": losses[0], "last_loss": losses[-1]}
     (out_dir / f"{name}.rank{accelerator.process_index}.json").write_text(json.dumps(info))
     accelerator.wait_for_everyone()
