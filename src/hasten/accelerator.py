@@ -49,7 +49,7 @@ from .process.group import shutdown_process_group
 from .runtime.optimizer import AcceleratedOptimizer
 from .runtime.scheduler import SchedulerKwargs
 from .runtime.state import AcceleratorState
-from .runtime.files import save as _save
+from .checkpointing.files import save as _save
 from .strategies.parallel.tp_size import tp_plugin_parallelism
 from .strategies.select import select_strategy
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
-from ..runtime.files import writes_shared_files
+from .files import writes_shared_files
 from ..runtime.state import PartialState
 from ..saving import save
 from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME

@@ -108,7 +108,7 @@ from ..options import (
     InitProcessGroupKwargs,
     ProfileKwargs,
 )
-from ..runtime.files import save
+from ..checkpointing.files import save
 from ..saving import load
 from ..strategies.deepspeed.config import HfDeepSpeedConfig
 from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler

@@ -15,7 +15,7 @@ from ..operations import wait_for_everyone
 from ..ports import get_free_port, is_port_in_use
 from ..regional import (compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, has_compiled_regions,
                         has_repeated_blocks, is_repeated_blocks)
-from ..runtime.files import save
+from ..checkpointing.files import save
 from ..saving import load
 from ..strategies.parallel.tp_size import get_model_tp_size
 from ..unwrap import extract_model_from_parallel, is_compiled_module

@@ -15,8 +15,8 @@ from collections import OrderedDict
 from typing import Any
 
 from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
+from ..runtime.state import PartialState
 from ..saving import save as _write
-from .state import PartialState
 
 __all__ = ["save", "writes_shared_files"]
 
