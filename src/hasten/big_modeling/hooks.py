@@ -263,7 +263,8 @@ class AlignDevicesHook(ModelHook):
             self.tied_pointers_to_remove = set()
             buffers = {name for name, _ in module.named_buffers(recurse=self.place_submodules)}
             on_cpu = self.execution_device is not None and torch.device(self.execution_device).type == "cpu"
-            for name, _ in self._offloaded(module):
+            names = [name for name, _ in self._offloaded(module)]
+            for name in names:
                 value = self.weights_map[name]
                 if name in buffers and on_cpu and _is_mapped(self.weights_map, name):
                     # Forward may update a buffer in place (BatchNorm statistics): never write into a read-only mapping.
@@ -280,7 +281,7 @@ class AlignDevicesHook(ModelHook):
                 set_module_tensor_to_device(module, name, self.execution_device, value=value, tied_params_map=tied,
                                             clear_cache=False)
                 del value
-            announce_offloaded_module(self.weights_map, [name for name, _ in self._offloaded(module)])
+            announce_offloaded_module(self.weights_map, names)
         if self.execution_device is None:
             return args, kwargs
         return (send_to_device(args, self.execution_device),

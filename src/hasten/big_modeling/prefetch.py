@@ -13,7 +13,6 @@ mapping a direct read returns.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -43,9 +42,8 @@ class Prefetcher:
         self._last: str | None = None
         self._this_pass: set[str] = set()  # the modules started since the current forward began
         self._ahead: dict[str, Future[torch.Tensor]] = {}  # key -> its load, running or done
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # started on first need; called from the forward's thread only
         self._pool_pid = 0
-        self._pool_lock = threading.Lock()
 
     def take(self, key: str) -> torch.Tensor | None:
         """The tensor fetched ahead for `key` (waiting for it if need be), or None: read it directly."""
@@ -77,19 +75,14 @@ class Prefetcher:
             self._ahead[key] = pool.submit(self._load, key)
 
     def _executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None or self._pool_pid != os.getpid():
-                # A forked child (notebook_launcher, DataLoader workers) inherits the pool but not its thread:
-                # work handed to it would never run, so each process starts its own.
-                self._ahead.clear()
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hasten-offload-prefetch")
-                self._pool_pid = os.getpid()
-            return self._pool
+        if self._pool is None or self._pool_pid != os.getpid():
+            # A forked child (notebook_launcher, DataLoader workers) inherits the pool but not its thread:
+            # work handed to it would never run, so each process starts its own.
+            self._ahead.clear()
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hasten-offload-prefetch")
+            self._pool_pid = os.getpid()
+        return self._pool
 
     def __getstate__(self) -> dict:
         # A copy (pickle, deepcopy) starts with no thread and nothing fetched, but keeps the learnt order.
-        return {**self.__dict__, "_ahead": {}, "_pool": None, "_pool_lock": None}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._pool_lock = threading.Lock()
+        return {**self.__dict__, "_ahead": {}, "_pool": None, "_pool_pid": 0}

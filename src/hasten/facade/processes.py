@@ -80,7 +80,7 @@ class ProcessPart:
             >>> Accelerator(cpu=True).multi_device
             False
         """
-        return self.use_distributed and getattr(self.state.distributed_type, "value", None) == "MULTI_GPU"
+        return self.use_distributed and self.state.distributed_type == "MULTI_GPU"
 
     @property
     def deepspeed_plugin(self) -> Any:

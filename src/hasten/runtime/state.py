@@ -366,7 +366,7 @@ class AcceleratorState(PartialState):
     @property
     def is_fsdp2(self) -> bool:
         """True when the run is sharded by FSDP; hasten's FSDP is always FSDP2 (``fully_shard``), even for fsdp_version=1."""
-        return getattr(self.distributed_type, "value", self.distributed_type) == "FSDP"  # str() of the enum is its name
+        return self.distributed_type == "FSDP"  # a str enum: equal to its value (its str() is "DistributedType.FSDP")
 
     @property
     def dynamo_plugin(self) -> Any:
