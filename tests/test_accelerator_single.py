@@ -248,10 +248,13 @@ def test_utils_save_keeps_accelerates_signature_and_stores_tied_weights_once(tmp
     try:
         for name, save in (("hasten", hasten.utils.save), ("accelerate", accelerate.utils.save)):
             save(OrderedDict(a=weight, b=weight, c=torch.zeros(1)), tmp_path / f"{name}.safetensors", False, True)
+            save({"w": weight, "step": 3}, tmp_path / f"{name}.pt")  # the defaults: main process, a pickle
     finally:
         PeerState._reset_state(True)  # Accelerate's state singletons would leak into later tests
     ours, theirs = load_file(tmp_path / "hasten.safetensors"), load_file(tmp_path / "accelerate.safetensors")
     assert sorted(ours) == sorted(theirs) == ["a", "c"] and torch.equal(ours["a"], theirs["a"])
+    ours, theirs = (torch.load(tmp_path / f"{name}.pt", weights_only=True) for name in ("hasten", "accelerate"))
+    assert ours.keys() == theirs.keys() and torch.equal(ours["w"], theirs["w"]) and ours["step"] == theirs["step"] == 3
 
 
 def test_tied_weights_save_with_safetensors(tmp_path):
