@@ -319,7 +319,11 @@ def render(records: list[dict], quick: bool) -> str:
                   f"on disk, memory-mapped one block at a time in the forward. Each way in a fresh process; peak = "
                   f"growth of the peak RSS over what the process held before loading. Bound for the offloaded "
                   f"loads: budget + largest block = {b['bound_mib']:.0f} MiB. *vs all in memory*: the fully loaded "
-                  f"model's forward time over this way's, both in the same process, alternating, 5 rounds, medians."),
+                  f"model's forward time over this way's, both in the same process, alternating, 5 rounds, medians "
+                  f"(the `load_state_dict` row, the same model against itself, shows the noise). hasten writes the "
+                  f"disk blocks in whole 2 MiB pieces so that the page cache keeps huge pages, which the forward maps "
+                  f"at in-memory speed; on this VM, which hands free memory back to its host, first use of huge pages "
+                  f"costs the load ~2 ms per MiB (0.9 s with 4 KiB pages, whose forward ran at 0.92-0.97)."),
                   ""]
         rows = [[{"load_state_dict": "`load_state_dict` (all in memory)", "hasten": "hasten `load_checkpoint_and_dispatch`",
                   "accelerate": "Accelerate `load_checkpoint_and_dispatch`"}.get(r["name"], r["name"]),
