@@ -322,8 +322,8 @@ def render(records: list[dict], quick: bool) -> str:
                   f"model's forward time over this way's, both in the same process, alternating, 5 rounds, medians "
                   f"(the `load_state_dict` row, the same model against itself, shows the noise). hasten writes the "
                   f"disk blocks in whole 2 MiB pieces so that the page cache keeps huge pages, which the forward maps "
-                  f"at in-memory speed; on this VM, which hands free memory back to its host, first use of huge pages "
-                  f"costs the load ~2 ms per MiB (0.9 s with 4 KiB pages, whose forward ran at 0.92-0.97)."),
+                  f"at in-memory speed, on two threads; on this VM, which hands free memory back to its host, first "
+                  f"use of huge pages costs the load time (0.9 s with 4 KiB pages, whose forward ran at 0.92-0.97)."),
                   ""]
         rows = [[{"load_state_dict": "`load_state_dict` (all in memory)", "hasten": "hasten `load_checkpoint_and_dispatch`",
                   "accelerate": "Accelerate `load_checkpoint_and_dispatch`"}.get(r["name"], r["name"]),

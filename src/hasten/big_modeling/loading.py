@@ -27,7 +27,8 @@ from torch import nn
 
 from .filenames import checkpoint_files
 from ..logging import get_logger
-from .offload import load_offloaded_weights, offload_file_range, offload_weight, save_offload_index
+from .copies import ParallelCopies
+from .offload import dat_entry, load_offloaded_weights, offload_file_range, offload_weight, save_offload_index
 from .safetensors_reading import FileRange, read_safetensors
 from .sizes import (
     _device_in_map,
@@ -313,6 +314,7 @@ def load_checkpoint_in_model(
     loaded: set[str] = set()
     unexpected: list[str] = []
     fp32 = list(keep_in_fp32_modules or [])
+    copies = ParallelCopies()
     try:
         for file_name, name, tensor in tensors:
             if name not in expected:
@@ -335,11 +337,8 @@ def load_checkpoint_in_model(
                 target = (cast or model_dtype) if tensor.is_floating_point() else tensor.dtype
                 set_module_tensor_to_device(model, name, "meta", dtype=target)
                 if isinstance(tensor, FileRange) and tensor.dtype == target:  # never enters this process's memory
-                    try:
-                        offload_file_range(tensor.file, tensor.offset, tensor.nbytes, target, tensor.shape, name,
-                                           folder, index=index)
-                    except EOFError as error:
-                        raise _damaged(tensor.file, error) from None
+                    index[name] = dat_entry(target, tensor.shape)  # here, so the index keeps the checkpoint's order
+                    copies.submit(_copy_to_dat, tensor, name, folder)
                 else:
                     offload_weight(_loaded(tensor).to(target), name, folder, index=index)
             elif in_memory.intersection(twin_of.get(name, ())):
@@ -350,16 +349,26 @@ def load_checkpoint_in_model(
                 in_memory.add(name)
             loaded.add(name)
             del tensor  # drop the only reference before reading the next one
+        copies.wait()
         if offload_folder is not None:
             save_offload_index(offload_index, offload_folder)
         if staging is not None:
             load_offloaded_weights(model, staged_index, staging)
             in_memory.update(staged_index)
     finally:
+        copies.wait(raise_errors=False)  # on a failure: nothing writes into the folders once the caller sees it
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     _retie(model, tied, in_memory)
     _report(model, checkpoint, expected, loaded, unexpected, tied, strict)
+
+
+def _copy_to_dat(tensor: FileRange, name: str, folder: str | os.PathLike[str]) -> None:
+    """On a copy thread: the tensor's bytes, file to file, into ``folder/<name>.dat``."""
+    try:
+        offload_file_range(tensor.file, tensor.offset, tensor.nbytes, tensor.dtype, tensor.shape, name, folder)
+    except EOFError as error:
+        raise _damaged(tensor.file, error) from None
 
 
 def _loaded(tensor: torch.Tensor | FileRange) -> torch.Tensor:

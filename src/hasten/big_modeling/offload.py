@@ -102,11 +102,8 @@ def offload_file_range(source: str | os.PathLike[str], offset: int, nbytes: int,
         >>> load_offloaded_weight(f"{folder}/w.dat", {"dtype": "float32", "shape": [3]})
         tensor([0., 1., 2.])
     """
-    dtype_name = str(dtype).replace("torch.", "")
-    if dtype_name not in _STORED_AS:
-        dtype_name = str(torch.empty(0, dtype=dtype).numpy().dtype)
     if index is not None:
-        index[weight_name] = {"dtype": dtype_name, "shape": list(shape)}
+        index[weight_name] = dat_entry(dtype, shape)
     path = Path(offload_folder) / f"{weight_name}.dat"
     path.parent.mkdir(parents=True, exist_ok=True)
     reader = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
@@ -119,6 +116,19 @@ def offload_file_range(source: str | os.PathLike[str], offset: int, nbytes: int,
     finally:
         os.close(reader)
     return index
+
+
+def dat_entry(dtype: torch.dtype, shape: list[int] | tuple[int, ...]) -> dict[str, Any]:
+    """The index entry of a ``.dat`` file holding a tensor of `dtype` and `shape` (bfloat16 keeps its name).
+
+    Example:
+        >>> dat_entry(torch.bfloat16, (2, 3)), dat_entry(torch.float16, [4])
+        ({'dtype': 'bfloat16', 'shape': [2, 3]}, {'dtype': 'float16', 'shape': [4]})
+    """
+    dtype_name = str(dtype).replace("torch.", "")
+    if dtype_name not in _STORED_AS:
+        dtype_name = str(torch.empty(0, dtype=dtype).numpy().dtype)
+    return {"dtype": dtype_name, "shape": list(shape)}
 
 
 def _copy_range(reader: int, offset: int, nbytes: int, writer: int) -> None:
