@@ -507,6 +507,16 @@ def test_peak_memory_of_offloaded_forward_stays_within_budget(tmp_path):
         f"peak RSS grew by {report['growth'] / MiB:.1f} MiB, over {(budget + largest_block + slack) / MiB:.1f} MiB")
 
 
+def _disk_offloaded_linears(tmp_path, layers: int, rows: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """`layers` Linear(8, 8) offloaded to disk, an input of `rows` rows, and the output before offloading."""
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
+    x = torch.randn(rows, 8)
+    with torch.no_grad():
+        expected = model(x)
+    disk_offload(model, tmp_path / "offload", execution_device="cpu")
+    return model, x, expected
+
+
 def test_later_forwards_read_the_next_disk_block_on_a_thread_while_the_current_one_runs(tmp_path, monkeypatch):
     from hasten.big_modeling.offload import OffloadedWeightsLoader
 
@@ -520,11 +530,7 @@ def test_later_forwards_read_the_next_disk_block_on_a_thread_while_the_current_o
         return read(self, key)
 
     monkeypatch.setattr(OffloadedWeightsLoader, "_read", recording)
-    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
-    x = torch.randn(3, 8)
-    with torch.no_grad():
-        expected = model(x)
-    disk_offload(model, tmp_path / "offload", execution_device="cpu")
+    model, x, expected = _disk_offloaded_linears(tmp_path, layers=4, rows=3)
     with torch.no_grad():
         first = model(x)
         reads.clear()
@@ -540,15 +546,12 @@ def test_later_forwards_read_the_next_disk_block_on_a_thread_while_the_current_o
 def test_a_forked_child_runs_a_disk_offloaded_model_its_parent_ran(tmp_path):
     # The parent's read-ahead thread does not exist in a forked child (notebook_launcher forks): the child must not
     # wait for it.
-    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(3)])
-    x = torch.randn(2, 8)
-    with torch.no_grad():
-        expected = model(x)
-    disk_offload(model, tmp_path / "offload", execution_device="cpu")
+    model, x, expected = _disk_offloaded_linears(tmp_path, layers=3, rows=2)
     with torch.no_grad():
         model(x), model(x)  # the order is learnt; the thread is started
     pid = os.fork()
     if pid == 0:
+        ok = False  # an exception in the child must still end it here, not run pytest on in a second process
         try:
             with torch.no_grad():
                 ok = torch.equal(model(x), expected) and torch.equal(model(x), expected)

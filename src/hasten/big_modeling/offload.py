@@ -59,14 +59,10 @@ def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str |
         {'w': {'dtype': 'bfloat16', 'shape': [2, 3]}}
     """
     weight = weight.detach()
-    dtype_name = str(weight.dtype).replace("torch.", "")
-    if dtype_name in _STORED_AS:
-        weight = weight.view(_STORED_AS[dtype_name])
-    array = weight.cpu().numpy()
-    if dtype_name not in _STORED_AS:
-        dtype_name = str(array.dtype)
     if index is not None:
-        index[weight_name] = {"dtype": dtype_name, "shape": list(array.shape)}
+        index[weight_name] = dat_entry(weight.dtype, weight.shape)
+    stored_as = _STORED_AS.get(str(weight.dtype).replace("torch.", ""))
+    array = (weight if stored_as is None else weight.view(stored_as)).cpu().numpy()
     path = Path(offload_folder) / f"{weight_name}.dat"
     path.parent.mkdir(parents=True, exist_ok=True)
     # The raw bytes in C order (a scalar is one element), written straight from the array: no mapping, and
