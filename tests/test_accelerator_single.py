@@ -258,7 +258,7 @@ def test_utils_save_keeps_accelerates_signature_and_stores_tied_weights_once(tmp
 
 
 def test_tied_weights_save_with_safetensors(tmp_path):
-    from hasten.saving import save
+    from hasten.core.saving import save
 
     weight = torch.randn(3, 3)
     save({"a": weight, "b": weight}, tmp_path / "tied.safetensors")

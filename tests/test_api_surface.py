@@ -153,7 +153,7 @@ def test_autocast_handler_switches_the_block_off():
 
 def test_fp8_without_a_backend_is_refused_in_one_sentence(no_fp8_backend):
     from hasten import Accelerator
-    from hasten.config import ConfigError, LaunchConfig
+    from hasten.launch.config import ConfigError, LaunchConfig
 
     expected = "mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine and neither is installed"
     with pytest.raises(ValueError, match=expected):
@@ -240,7 +240,7 @@ def test_import_probes():
 
 
 def test_other_and_environment_helpers(tmp_path):
-    from hasten.config import load_config
+    from hasten.launch.config import load_config
     from hasten.utils import (PrepareForLaunch, clear_environment, extract_model_from_parallel, patch_environment,
                               synchronize_rng_states, wait_for_everyone, write_basic_config)
 

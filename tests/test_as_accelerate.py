@@ -123,7 +123,7 @@ def test_library_imported_before_the_switch_is_warned_about() -> None:
 def test_uninstall_restores_the_process() -> None:
     result = python("""
         import os, sys
-        from hasten import aliasing
+        from hasten.process import aliasing
         before = (list(sys.path), os.environ.get("PYTHONPATH"))
         aliasing.install()
         import accelerate

@@ -14,7 +14,7 @@ import torch
 from conftest import launch
 
 from hasten import Accelerator
-from hasten.gradient_state import GradientState
+from hasten.runtime.gradient_state import GradientState
 from hasten.checkpointing import background, snapshot
 from hasten.checkpointing.commit import CheckpointError
 from hasten.checkpointing.project import ProjectConfiguration

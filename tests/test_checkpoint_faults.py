@@ -65,7 +65,7 @@ def test_the_manifest_records_a_hash_of_every_file_and_old_manifests_still_load(
 
     from hasten import Accelerator
     from hasten.checkpointing.integrity import ALGORITHM, hash_file
-    from hasten.errors import CheckpointCorrupted
+    from hasten.core.errors import CheckpointCorrupted
 
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(64, 64)

@@ -8,7 +8,7 @@ import pytest
 
 from hasten.launch.plan import LaunchError, LaunchPlan, find_free_port
 from hasten.launch.failures import root_cause
-from hasten.launch_spec import SPEC_ENV_VAR, LaunchSpec
+from hasten.process.launch_spec import SPEC_ENV_VAR, LaunchSpec
 
 
 def hasten(*args, cwd=None, timeout=60):

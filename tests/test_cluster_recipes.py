@@ -34,8 +34,8 @@ import yaml
 
 from hasten.cli.launch import build_plan, resolve_config
 from hasten.cli.main import build_parser
-from hasten.launch_spec import LaunchSpec
-from hasten.topology import ProcessTopology
+from hasten.process.launch_spec import LaunchSpec
+from hasten.process.topology import ProcessTopology
 from hasten.utils.environment import clear_environment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""torch.compile through the Accelerator: whole-model and regional compilation (hasten.regional).
+"""torch.compile through the Accelerator: whole-model and regional compilation (hasten.runtime.regional).
 
 The "eager" and "aot_eager" backends run dynamo's capture (and AOTAutograd's forward/backward split) without code
 generation, so the structure and the numerics are checked in a few seconds.

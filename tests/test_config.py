@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hasten.config import (
+from hasten.launch.config import (
     ConfigError,
     DeepSpeedConfig,
     FSDPConfig,
@@ -527,8 +527,8 @@ def test_schema_defaults_are_valid_and_written_files_hold_only_schema_keys(tmp_p
 def test_config_files_keep_the_users_umask(tmp_path, umask, mode):
     """A config file gets the mode every file hasten writes gets (0666 less the umask), not mkstemp's 0600."""
     code = ("import os, sys; os.umask(int(sys.argv[1], 8))\n"
-            "from hasten.config import LaunchConfig, save_config\n"
-            "from hasten.saving import save\n"
+            "from hasten.launch.config import LaunchConfig, save_config\n"
+            "from hasten.core.saving import save\n"
             "save_config(LaunchConfig(), sys.argv[2] + '/c.yaml'); save_config(LaunchConfig(), sys.argv[2] + '/c.json')\n"
             "save({'step': 1}, sys.argv[2] + '/state.pt')\n")
     subprocess.run([sys.executable, "-c", code, oct(umask)[2:], str(tmp_path)], check=True)

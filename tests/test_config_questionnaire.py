@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from hasten.cli import config_command, prompts
-from hasten.config import DeepSpeedConfig, FSDPConfig, LaunchConfig, default_of, load_config
-from hasten.launch_spec import fp8_problem
+from hasten.launch.config import DeepSpeedConfig, FSDPConfig, LaunchConfig, default_of, load_config
+from hasten.process.launch_spec import fp8_problem
 
 pexpect = pytest.importorskip("pexpect")
 

@@ -11,7 +11,7 @@ import torch
 from torch.distributed.tensor.experimental._attention import _HeadTailLoadBalancer
 
 from conftest import launch_ranks
-from hasten.errors import ConfigError
+from hasten.core.errors import ConfigError
 from hasten.parallelism_config import ParallelismConfig
 from hasten.strategies.parallel.context import (TorchContextParallelConfig, context_parallel_context,
                                                 drop_attention_masks, gathered_kv_context_parallel,

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 
 from hasten.data import prepare_data_loader as hasten_prepare
-from hasten.gradient_state import GradientState
+from hasten.runtime.gradient_state import GradientState
 
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 

@@ -13,7 +13,7 @@ from hasten.data import (
     prepare_data_loader,
     skip_first_batches,
 )
-from hasten.gradient_state import GradientState
+from hasten.runtime.gradient_state import GradientState
 
 
 # split_batches needs the batch size to be a multiple of the world size
@@ -185,7 +185,7 @@ def test_send_to_device_keeps_container_types():
     import dataclasses
     from collections import OrderedDict, UserDict, namedtuple
 
-    from hasten.collectives import send_to_device
+    from hasten.runtime.collectives import send_to_device
 
     @dataclasses.dataclass
     class Batch:

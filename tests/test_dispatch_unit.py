@@ -41,7 +41,7 @@ def test_dispatch_needs_batches_put_on_the_device():
 
 
 def test_padded_last_batch_reports_its_real_samples():
-    from hasten.gradient_state import GradientState
+    from hasten.runtime.gradient_state import GradientState
 
     state = GradientState()
     loader = prepare_data_loader(DataLoader(list(range(7)), batch_size=2), num_processes=2, process_index=1,

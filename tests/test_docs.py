@@ -170,7 +170,7 @@ def test_cli_reference_does_not_depend_on_this_machine(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------------------- page content that the code must honour
 def test_the_accelerate_config_on_the_page_loads(tmp_path):
-    from hasten.config import load_config
+    from hasten.launch.config import load_config
 
     page = (ROOT / "docs" / "coming-from-accelerate.md").read_text()
     block = re.search(r"<!-- tested: accelerate-yaml -->\s*\n```yaml\n(.*?)\n```", page, re.DOTALL).group(1)

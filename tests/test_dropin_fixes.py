@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from hasten import Accelerator
-from hasten.collectives import split_for_process
+from hasten.runtime.collectives import split_for_process
 from hasten.data import prepare_data_loader
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import hasten
 from hasten.cli.config_command import default_config
-from hasten.config import LaunchConfig, load_config
+from hasten.launch.config import LaunchConfig, load_config
 
 DATA = Path(__file__).parent / "data"
 
@@ -151,7 +151,7 @@ def test_selftest_reports_the_failing_check_and_rank(tmp_path):
     """
     wrapper = tmp_path / "broken_selftest.py"
     wrapper.write_text(
-        "from hasten import selftest\n\n"
+        "from hasten.cli import selftest\n\n"
         "@selftest.check('deliberately broken')\n"
         "def _broken(acc):\n"
         "    assert acc.process_index != 1, 'rank 1 disagrees'\n\n"

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch import nn
 
-import hasten.availability
+import hasten.core.availability
 import hasten.fp8.te
 from hasten.state import AcceleratorState
 
@@ -113,9 +113,9 @@ def fake_te(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTE]:
     monkeypatch.setattr(hasten.fp8.te, "TE_DEVICE_TYPES", ("cuda", "cpu"))  # the stand-in runs on the CPU
     for name in [n for n in os.environ if n.startswith("ACCELERATE_FP8_")]:
         monkeypatch.delenv(name)
-    hasten.availability._installed.cache_clear()
+    hasten.core.availability._installed.cache_clear()
     yield fake
-    hasten.availability._installed.cache_clear()
+    hasten.core.availability._installed.cache_clear()
 
 
 @pytest.fixture(autouse=True)
@@ -291,7 +291,7 @@ def test_te_chosen_when_it_is_the_only_fp8_backend(fake_te, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("torchao") else real(name, *a))
-    hasten.availability._installed.cache_clear()
+    hasten.core.availability._installed.cache_clear()
     accelerator = Accelerator(cpu=True, mixed_precision="fp8")
     assert accelerator.fp8_backend is FP8BackendType.TE and isinstance(accelerator.te_recipe_handler, TERecipeKwargs)
     model, _ = accelerator.prepare(nn.Sequential(nn.Linear(16, 16)), torch.optim.SGD([torch.ones(1)], lr=0.1))
@@ -325,7 +325,7 @@ def test_without_transformer_engine_every_entry_refuses_naming_the_install(monke
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name.startswith("transformer_engine") else real(name, *a))
-    hasten.availability._installed.cache_clear()
+    hasten.core.availability._installed.cache_clear()
     try:
         sentence = r"needs NVIDIA Transformer Engine, which is not installed; .*NVIDIA fp8 GPU \(pip install transformer_engine\[pytorch\]\)"
         with pytest.raises(ImportError, match="TERecipeKwargs " + sentence):
@@ -339,4 +339,4 @@ def test_without_transformer_engine_every_entry_refuses_naming_the_install(monke
         with pytest.raises(ImportError, match="TERecipeKwargs " + sentence):
             Accelerator(cpu=True, mixed_precision="fp8")
     finally:
-        hasten.availability._installed.cache_clear()
+        hasten.core.availability._installed.cache_clear()

@@ -1,7 +1,7 @@
-"""The launcher -> worker contract stays in one file: hasten.launch_spec.
+"""The launcher -> worker contract stays in one file: hasten.process.launch_spec.
 
 Every ``HASTEN_*`` variable is named once, as a constant of
-`hasten.launch_spec`; other modules use the constant (no string literal
+`hasten.process.launch_spec`; other modules use the constant (no string literal
 spells one), their docs mention only variables that exist, and
 docs/troubleshooting.md lists exactly those variables.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hasten import launch_spec
-from hasten.launch_spec import (
+from hasten.process import launch_spec
+from hasten.process.launch_spec import (
     CPU_FP16_ENV,
     DEBUG_ENV,
     LOG_LEVEL_ENV,
@@ -31,7 +31,7 @@ from hasten.launch_spec import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src" / "hasten"
-CONTRACT = SOURCE / "launch_spec.py"
+CONTRACT = SOURCE / "process" / "launch_spec.py"
 NAME = re.compile(r"\bHASTEN_[A-Z0-9_]*")
 
 
@@ -65,14 +65,14 @@ def test_no_module_but_launch_spec_spells_a_hasten_variable():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 if "HASTEN_" in node.value:
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
-    assert not offenders, "use the constant from hasten.launch_spec instead:\n" + "\n".join(offenders)
+    assert not offenders, "use the constant from hasten.process.launch_spec instead:\n" + "\n".join(offenders)
 
 
 def test_docs_and_comments_mention_only_declared_variables():
     declared = _declared()
     unknown = [f"{path.relative_to(ROOT)}: {name}" for path in _sources()
                for name in sorted(set(NAME.findall(path.read_text())) - declared)]
-    assert not unknown, "not a variable of hasten.launch_spec:\n" + "\n".join(unknown)
+    assert not unknown, "not a variable of hasten.process.launch_spec:\n" + "\n".join(unknown)
 
 
 def test_each_variable_is_declared_once():

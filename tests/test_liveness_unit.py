@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from hasten.config import ConfigError, LaunchConfig
+from hasten.launch.config import ConfigError, LaunchConfig
 from hasten.launch.liveness import BLAME_AFTER, Monitor
 from hasten.process import heartbeat, watchdog
 from hasten.process.heartbeat import heartbeat_path, read_heartbeat
@@ -169,7 +169,7 @@ def test_the_exit_rendezvous_waits_for_every_process_and_says_who_left(monkeypat
 def test_a_process_waiting_on_the_board_is_told_at_once_that_another_left(tmp_path):
     import threading
 
-    from hasten.errors import CollectiveDeadlock
+    from hasten.core.errors import CollectiveDeadlock
     from hasten.process.board import Board
 
     path = str(tmp_path / "words")

@@ -17,7 +17,7 @@ import torch
 
 import hasten
 from hasten import Accelerator, DistributedType, PartialState
-from hasten.launch_spec import LaunchSpec
+from hasten.process.launch_spec import LaunchSpec
 from hasten.state import AcceleratorState
 from hasten.utils import PrecisionType, RNGType, DynamoBackend, tqdm
 from hasten.utils.operations import copy_tensor_to_devices

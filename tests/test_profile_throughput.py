@@ -27,7 +27,7 @@ def test_profile_refuses_unknown_activities():
 
 def test_throughput_meter_rates(monkeypatch):
     clock = iter([10.0, 10.5, 11.0, 11.5])
-    monkeypatch.setattr("hasten.throughput.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("hasten.runtime.throughput.time.perf_counter", lambda: next(clock))
     meter = ThroughputMeter(window=3, flops_per_sample=100.0, peak_flops=1000.0, world_size=2)
     assert meter.compute() == {}
     for _ in range(4):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hasten.topology import ProcessTopology, backend_for_device, first_slurm_host, select_device
+from hasten.process.topology import ProcessTopology, backend_for_device, first_slurm_host, select_device
 
 
 def test_plain_process_is_single():
@@ -86,7 +86,7 @@ def test_backend_choice():
 
 
 def test_srun_with_pmi2_takes_the_local_rank_from_slurm():
-    from hasten.topology import ProcessTopology
+    from hasten.process.topology import ProcessTopology
 
     env = {"PMI_RANK": "5", "PMI_SIZE": "8", "SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
            "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "node[01-02]"}

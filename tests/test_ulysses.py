@@ -16,7 +16,7 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
 from conftest import launch, results_by_rank  # noqa: E402
-from hasten.errors import ConfigError  # noqa: E402
+from hasten.core.errors import ConfigError  # noqa: E402
 from hasten.parallelism_config import ParallelismConfig  # noqa: E402
 from hasten.utils import DeepSpeedSequenceParallelConfig  # noqa: E402
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .lazy import lazy_exports
+from .core.lazy import lazy_exports
 
 __version__ = "1.15.0"
 
@@ -21,8 +21,8 @@ __version__ = "1.15.0"
 _EXPORTS = {
     "Accelerator": "accelerator",
     "PartialState": "runtime.state",
-    "ProcessTopology": "topology",
-    "LaunchSpec": "launch_spec",
+    "ProcessTopology": "process.topology",
+    "LaunchSpec": "process.launch_spec",
     "DistributedType": "options",
     "DataLoaderConfiguration": "options",
     "GradientAccumulationPlugin": "options",
@@ -31,8 +31,8 @@ _EXPORTS = {
     "GradScalerKwargs": "options",
     "ProfileKwargs": "options",
     "ProjectConfiguration": "checkpointing.project",
-    "set_seed": "seeding",
-    "ThroughputMeter": "throughput",
+    "set_seed": "runtime.seeding",
+    "ThroughputMeter": "runtime.throughput",
     "skip_first_batches": "data",
     "notebook_launcher": "launch.notebook",
     "debug_launcher": "launch.notebook",
@@ -42,8 +42,8 @@ _EXPORTS = {
     "ParallelismConfig": "strategies.parallel.mesh",
     "AutocastKwargs": "options",
     "DDPCommunicationHookType": "options",
-    "find_executable_batch_size": "memory",
-    "synchronize_rng_states": "seeding",
+    "find_executable_batch_size": "runtime.memory",
+    "synchronize_rng_states": "runtime.seeding",
     "load_checkpoint_in_model": "big_modeling.loading",
     "init_empty_weights": "big_modeling.dispatch",
     "init_on_device": "big_modeling.dispatch",
@@ -54,7 +54,7 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "big_modeling.dispatch",
     "infer_auto_device_map": "big_modeling.device_map",
     "prepare_pippy": "strategies.parallel.pipeline",
-    "is_rich_available": "availability",
+    "is_rich_available": "core.availability",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -69,7 +69,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
     from .accelerator import Accelerator
     from .data import skip_first_batches
     from .launch.notebook import debug_launcher, notebook_launcher
-    from .launch_spec import LaunchSpec
+    from .process.launch_spec import LaunchSpec
     from .options import (
         AutocastKwargs,
         DDPCommunicationHookType,
@@ -83,7 +83,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
     )
     from .checkpointing.project import ProjectConfiguration
     from .runtime.state import AcceleratorState, PartialState
-    from .seeding import set_seed
-    from .throughput import ThroughputMeter
+    from .runtime.seeding import set_seed
+    from .runtime.throughput import ThroughputMeter
     from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-    from .topology import ProcessTopology
+    from .process.topology import ProcessTopology

@@ -2,7 +2,7 @@
 
 It holds no distributed logic of its own: the process layout comes from
 `PartialState`, model wrapping from a strategy, casting from a precision
-policy, sharding from `hasten.data`, collectives from `hasten.collectives`,
+policy, sharding from `hasten.data`, collectives from `hasten.runtime.collectives`,
 checkpoints from `hasten.checkpointing` (handed a plain `SaveSet`).
 
 The public methods live in the facade's parts (`hasten.facade`), one
@@ -29,8 +29,8 @@ from .facade.processes import ProcessPart
 from .facade.runtime import RuntimePart
 from .facade.trackers import TrackerPart
 from .fp8.setup import RECIPE_TYPES, Fp8Setup
-from .gradient_state import GradientState
-from .launch_spec import LaunchSpec
+from .runtime.gradient_state import GradientState
+from .process.launch_spec import LaunchSpec
 from .options import (
     AutocastKwargs,
     DataLoaderConfiguration,

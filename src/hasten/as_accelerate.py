@@ -3,7 +3,7 @@
 Put it first in a script or notebook that uses a library built on
 Accelerate (transformers' `Trainer`, TRL, PEFT, diffusers); no line of
 the library changes. ``hasten launch --as-accelerate train.py`` does the
-same for every process of a run. How it works: `hasten.aliasing`.
+same for every process of a run. How it works: `hasten.process.aliasing`.
 
 Example:
     >>> import hasten.as_accelerate  # doctest: +SKIP
@@ -12,6 +12,6 @@ Example:
     ('1.15.0', 'hasten.accelerator')
 """
 
-from .aliasing import install as _install
+from .process.aliasing import install as _install
 
 _install()

@@ -16,14 +16,14 @@ import functools
 import logging
 from typing import Any, MutableMapping
 
-from .launch_spec import log_level_from_env
+from .process.launch_spec import log_level_from_env
 
 __all__ = ["get_logger", "MultiProcessAdapter"]
 
 
 @functools.lru_cache(maxsize=1)
 def _rank() -> int:
-    from .topology import ProcessTopology
+    from .process.topology import ProcessTopology
 
     try:
         return ProcessTopology.from_env().rank

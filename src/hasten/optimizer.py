@@ -2,7 +2,7 @@
 
 Example:
     >>> import torch
-    >>> from hasten.gradient_state import GradientState
+    >>> from hasten.runtime.gradient_state import GradientState
     >>> from hasten.optimizer import AcceleratedOptimizer
     >>> param = torch.nn.Parameter(torch.ones(1))
     >>> opt = AcceleratedOptimizer(torch.optim.SGD([param], lr=0.1), GradientState())

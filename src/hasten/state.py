@@ -1,6 +1,6 @@
 """Accelerate's ``accelerate.state`` path: names only; the code lives in `hasten.runtime.state`.
 
-`GradientState` is defined in `hasten.gradient_state`, `shutdown_process_group`
+`GradientState` is defined in `hasten.runtime.gradient_state`, `shutdown_process_group`
 in `hasten.process.group`.
 
 Example:
@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from .gradient_state import GradientState
+from .runtime.gradient_state import GradientState
 from .process.group import shutdown_process_group
 from .runtime.state import AcceleratorState, PartialState, is_initialized
 

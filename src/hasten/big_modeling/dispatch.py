@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from ..logging import get_logger
-from ..environment import parse_flag_from_env
-from ..launch_spec import INIT_INCLUDE_BUFFERS_ENV, PEER_INIT_INCLUDE_BUFFERS_ENV
-from ..objects import recursive_getattr
+from ..core.environment import parse_flag_from_env
+from ..process.launch_spec import INIT_INCLUDE_BUFFERS_ENV, PEER_INIT_INCLUDE_BUFFERS_ENV
+from ..core.objects import recursive_getattr
 from .device_map import check_device_map, get_balanced_memory, infer_auto_device_map
 from .hooks import (
     AlignDevicesHook,

@@ -16,8 +16,8 @@ from typing import Any, Callable, cast
 import torch
 from torch import nn
 
-from ..collectives import send_to_device
-from ..memory import clear_device_cache
+from ..runtime.collectives import send_to_device
+from ..runtime.memory import clear_device_cache
 from .offload import OffloadedWeightsLoader, PrefixedDataset, announce_offloaded_module
 from .sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 
@@ -442,7 +442,7 @@ def remove_hook_from_submodules(module: nn.Module) -> None:
 
 
 def _default_device() -> torch.device:
-    from ..topology import select_device  # this process's accelerator, else CPU
+    from ..process.topology import select_device  # this process's accelerator, else CPU
 
     return select_device(int(os.environ.get("LOCAL_RANK", "0") or 0))
 

@@ -131,7 +131,7 @@ def is_peft_model(model: nn.Module) -> bool:
     peft = sys.modules.get("peft")  # no object can be a PeftModel unless peft was imported: never import it here
     if peft is None:
         return False
-    from ..unwrap import extract_model_from_parallel
+    from ..runtime.unwrap import extract_model_from_parallel
 
     return isinstance(extract_model_from_parallel(model), peft.PeftModel)
 
@@ -383,7 +383,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     """
     if not native_amp:
         return contextlib.nullcontext()
-    from ..precision import make_precision_policy
+    from ..runtime.precision import make_precision_policy
     from ..runtime.state import AcceleratorState
 
     state = AcceleratorState()
@@ -401,7 +401,7 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.Gr
         >>> get_grad_scaler(init_scale=1024.0).get_scale()
         1024.0
     """
-    from ..topology import select_device
+    from ..process.topology import select_device
 
     kwargs.setdefault("device", select_device(int(os.environ.get("LOCAL_RANK", "0") or 0)).type)
     if distributed_type == "FSDP":  # DistributedType is a str enum

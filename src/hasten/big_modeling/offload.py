@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..saving import atomic_write
+from ..core.saving import atomic_write
 from .prefetch import Prefetcher
 from .sizes import set_module_tensor_to_device
 

@@ -412,6 +412,6 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
                 tied_params_map[source.data_ptr()].setdefault(device, cast(torch.Tensor, table[leaf]))
                 break
     if clear_cache and target.type not in ("cpu", "meta"):
-        from ..memory import clear_device_cache
+        from ..runtime.memory import clear_device_cache
 
         clear_device_cache()

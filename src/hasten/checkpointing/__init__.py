@@ -27,7 +27,7 @@ Example:
 from typing import Any
 
 from .constants import *  # noqa: F403 - the file-name constants, at Accelerate's import path
-from ..lazy import lazy_exports
+from ..core.lazy import lazy_exports
 from .constants import CUSTOM_STATE_NAME, __all__ as _constants
 
 # name -> submodule; imported on first use, so `import hasten` / `from hasten import Accelerator` stay fast
@@ -56,7 +56,7 @@ def save_custom_state(obj: Any, path: str, index: int = 0, save_on_each_node: bo
         >>> save_custom_state(torch.nn.Linear(1, 1), folder)
         >>> load_custom_state(torch.nn.Linear(1, 1), folder)
     """
-    from ..saving import save
+    from ..core.saving import save
 
     save(obj.state_dict(), f"{path}/{CUSTOM_STATE_NAME}_{index}.pkl", safe_serialization=False)
 

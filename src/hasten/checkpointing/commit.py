@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointCorrupted, CheckpointError
+from ..core.errors import CheckpointCorrupted, CheckpointError
 from .constants import MANIFEST_NAME
 
 __all__ = [

@@ -23,7 +23,7 @@ import re
 import resource
 from pathlib import Path
 
-from ..errors import CheckpointWriteError
+from ..core.errors import CheckpointWriteError
 from .commit import is_checkpoint, staging_path
 from .project import latest_checkpoint
 

@@ -1,6 +1,6 @@
 """Accelerate's `save(obj, f, save_on_each_node, safe_serialization)`: written once per job (or once per node), atomically.
 
-`hasten.saving.save` writes on whichever process calls it; this is the
+`hasten.core.saving.save` writes on whichever process calls it; this is the
 function a script imports as ``accelerate.utils.save``: only the main process
 writes (with ``save_on_each_node=True``, the first process of each node), and
 ``safe_serialization`` defaults to False (pickle through `torch.save`), as in
@@ -16,7 +16,7 @@ from typing import Any
 
 from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from ..runtime.state import PartialState
-from ..saving import save as _write
+from ..core.saving import save as _write
 
 __all__ = ["save", "writes_shared_files"]
 

@@ -41,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointCorrupted
+from ..core.errors import CheckpointCorrupted
 
 __all__ = ["ALGORITHM", "ENABLED", "hash_file", "Hashes", "manifest_hashes", "start_checking", "check_hashes"]
 

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import CheckpointCorrupted
+from ..core.errors import CheckpointCorrupted
 from . import background
 from .commit import CheckpointError, check_files, is_checkpoint, read_manifest, resolve_complete
 from .constants import (

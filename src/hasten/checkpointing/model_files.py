@@ -18,7 +18,7 @@ import torch
 
 from ..big_modeling.loading import load_checkpoint_in_model  # kept importable from here
 from ..big_modeling.sizes import _parse_size
-from ..saving import _safetensors_dict, atomic_write
+from ..core.saving import _safetensors_dict, atomic_write
 from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 __all__ = ["parse_size", "shard_state_dict", "write_model_files", "write_weights", "read_weights_file",

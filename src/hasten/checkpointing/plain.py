@@ -30,7 +30,7 @@ import torch
 from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from .files import writes_shared_files
 from ..runtime.state import PartialState
-from ..saving import save
+from ..core.saving import save
 from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME
 from .foreign import rng_from_accelerate
 from .model_files import write_weights

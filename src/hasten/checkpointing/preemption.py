@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..launch_spec import EXIT_PREEMPTED, PREEMPTION_RECORD_ENV as RECORD_ENV, PROGRESS_FILE_ENV as PROGRESS_ENV
+from ..process.launch_spec import EXIT_PREEMPTED, PREEMPTION_RECORD_ENV as RECORD_ENV, PROGRESS_FILE_ENV as PROGRESS_ENV
 
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
-    from ..gradient_state import GradientState
+    from ..runtime.gradient_state import GradientState
     from .saveset import ProcessFacts
 
 __all__ = ["EXIT_PREEMPTED", "Preempted", "BoundaryWatch", "RECORD_ENV", "PROGRESS_ENV", "PREEMPTION_SIGNALS"]

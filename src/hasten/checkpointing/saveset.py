@@ -10,7 +10,7 @@ Example:
     >>> import torch
     >>> from hasten.checkpointing.saveset import ProcessFacts, SaveSet
     >>> from hasten.checkpointing.project import ProjectConfiguration
-    >>> from hasten.gradient_state import GradientState
+    >>> from hasten.runtime.gradient_state import GradientState
     >>> from hasten.strategies import Strategy
     >>> saveset = SaveSet(engine=Strategy(torch.device("cpu")), process=ProcessFacts.alone(),
     ...                   project=ProjectConfiguration(), counter=GradientState(), models=[torch.nn.Linear(2, 2)])

@@ -36,7 +36,7 @@ Example:
     >>> snapshot.finish()
     Traceback (most recent call last):
     ...
-    hasten.errors.CheckpointError: save_state(async_save=True) found 1 parameter or optimizer-state tensor (shape (65536,)) changed in place before it was copied; change them only through the optimizer's step(), or call handle.wait() first.
+    hasten.core.errors.CheckpointError: save_state(async_save=True) found 1 parameter or optimizer-state tensor (shape (65536,)) changed in place before it was copied; change them only through the optimizer's step(), or call handle.wait() first.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..process import watchdog
-from ..errors import CheckpointCorrupted
+from ..core.errors import CheckpointCorrupted
 from .commit import CheckpointError
 
 __all__ = ["indexed_name", "SHARDED_FORMAT", "model_format", "all_gather", "barrier", "agree", "read_pickle",

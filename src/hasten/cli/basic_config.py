@@ -30,8 +30,8 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
         False
     """
     from .config_command import default_config, detect_hardware
-    from ..config import default_config_path, save_config
-    from ..launch_spec import MIXED_PRECISION_CHOICES
+    from ..launch.config import default_config_path, save_config
+    from ..process.launch_spec import MIXED_PRECISION_CHOICES
 
     if mixed_precision not in MIXED_PRECISION_CHOICES:
         raise ValueError(f"mixed_precision={mixed_precision!r} is not one of {', '.join(MIXED_PRECISION_CHOICES)}.")

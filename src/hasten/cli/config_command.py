@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import (
+from ..launch.config import (
     ConfigError,
     DeepSpeedConfig,
     FSDPConfig,
@@ -20,7 +20,7 @@ from ..config import (
     save_config,
     to_dict,
 )
-from ..launch_spec import CONFIG_FILE_ENV, EXIT_INTERRUPTED, MIXED_PRECISION_CHOICES, fp8_problem
+from ..process.launch_spec import CONFIG_FILE_ENV, EXIT_INTERRUPTED, MIXED_PRECISION_CHOICES, fp8_problem
 from . import prompts
 
 _MACHINE_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "TPU")

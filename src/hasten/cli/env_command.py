@@ -39,7 +39,7 @@ def _memory_gib() -> str:
 def collect(config_file: str | None = None) -> dict[str, Any]:
     """The facts `hasten env` prints, as a dict."""
     from .. import __version__
-    from ..config import ConfigError, default_config_path, load_config, to_dict
+    from ..launch.config import ConfigError, default_config_path, load_config, to_dict
     from ..launch.plan import available_cpus
 
     info: dict[str, Any] = {

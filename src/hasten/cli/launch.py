@@ -8,8 +8,8 @@ import os
 import sys
 from typing import Any
 
-from ..launch_spec import AS_ACCELERATE_ENV, dynamo_settings, fp8_settings, parallelism_settings
-from ..config import (
+from ..process.launch_spec import AS_ACCELERATE_ENV, dynamo_settings, fp8_settings, parallelism_settings
+from ..launch.config import (
     ConfigError,
     DeepSpeedConfig,
     FSDPConfig,
@@ -215,7 +215,7 @@ def resolve_config(args: argparse.Namespace) -> LaunchConfig:
 def build_plan(args: argparse.Namespace, config: LaunchConfig):
     """The LaunchPlan for a resolved config and the script to run."""
     from ..launch.plan import LaunchPlan
-    from ..launch_spec import LaunchSpec
+    from ..process.launch_spec import LaunchSpec
 
     if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
         raise ConfigError(f"--gradient_accumulation_steps must be at least 1, got {args.gradient_accumulation_steps}.")
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
         print(plan.describe())
         return 0
     if args.as_accelerate or os.environ.get(AS_ACCELERATE_ENV) == "1":
-        from ..aliasing import install
+        from ..process.aliasing import install
 
         install()  # here first: a single process runs the script in this one; the workers inherit PYTHONPATH
     from ..launch.run import execute

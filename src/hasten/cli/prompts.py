@@ -107,7 +107,7 @@ def _arrow_keys_possible() -> bool:
 def _env_disables_arrows() -> bool:
     import os
 
-    from ..launch_spec import NO_ARROW_MENU_ENV
+    from ..process.launch_spec import NO_ARROW_MENU_ENV
 
     return os.environ.get(NO_ARROW_MENU_ENV, "") not in ("", "0") or os.environ.get("TERM") == "dumb"
 

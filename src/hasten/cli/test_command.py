@@ -22,7 +22,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Launch `hasten.selftest` with the config file and launch flags given."""
+    """Launch `hasten.cli.selftest` with the config file and launch flags given."""
     from .launch import main as launch
 
     argv: list[str] = []
@@ -30,4 +30,4 @@ def run(args: argparse.Namespace) -> int:
         argv += ["--config_file", args.config_file]
     # as a module: run as a path, its folder (hasten/) would come first on sys.path and
     # hasten/logging.py would shadow the standard library's logging
-    return launch([*argv, *args.launch_flags, "-m", "hasten.selftest"])
+    return launch([*argv, *args.launch_flags, "-m", "hasten.cli.selftest"])

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["ARGUMENT_KEY_MAPPING", "ARGUMENT_VALUE_MAPPING", "ConversionStatus", "add_parser",
            "convert_config_to_fsdp2", "load_config", "to_fsdp2_command", "to_fsdp2_command_parser"]
@@ -82,7 +82,7 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
         >>> convert_config_to_fsdp2({"fsdp_config": {"fsdp_use_orig_params": True}})["fsdp_config"]
         {'fsdp_version': 2}
     """
-    from ..config import _FSDP_SHARDING_BY_NUMBER
+    from ..launch.config import _FSDP_SHARDING_BY_NUMBER
 
     fsdp_config = config.get("fsdp_config") or {}
     if not fsdp_config:

@@ -24,7 +24,7 @@ import torch.distributed
 from torch.utils.data import IterableDataset
 from torch.utils.data.dataloader import _DatasetKind
 
-from ..collectives import _distributed, broadcast_object_list, recursively_apply
+from ..runtime.collectives import _distributed, broadcast_object_list, recursively_apply
 from .loader import PreparedDataLoader
 from .sharding import seekable_order
 

@@ -27,8 +27,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from torch.utils.data.dataloader import _DatasetKind
 
-from ..collectives import send_to_device
-from ..gradient_state import GradientState, LoaderPosition
+from ..runtime.collectives import send_to_device
+from ..runtime.gradient_state import GradientState, LoaderPosition
 from .order import SampleOrder
 from .sharding import SkipBatchSampler, seek_batches
 
@@ -199,7 +199,7 @@ class PreparedDataLoader(DataLoader):
         if self.order is not None:
             self.order.begin_pass(continuing)
         if self.rng_types and not continuing:
-            from ..seeding import synchronize_rng_states
+            from ..runtime.seeding import synchronize_rng_states
 
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         seeked = skip > 0 and self.batch_sampler is not None and seek_batches(self.batch_sampler, skip)

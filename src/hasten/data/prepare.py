@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from ..gradient_state import GradientState
+from ..runtime.gradient_state import GradientState
 from .loader import PreparedDataLoader, get_sampler, loader_kwargs
 from .order import PERMUTATION_LIMIT, SampleOrder
 from .samplers import SeedableRandomSampler, SeedableSampleOrder

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, cast
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 
-from ..collectives import share_bounds
+from ..runtime.collectives import share_bounds
 from .order import SampleOrder
 
 __all__ = ["ShardedBatchSampler", "SkipBatchSampler", "IterableDatasetShard", "seek_batches"]

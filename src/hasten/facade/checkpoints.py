@@ -24,7 +24,7 @@ from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
 if TYPE_CHECKING:
     from ..checkpointing.project import ProjectConfiguration
     from ..data.loader import PreparedDataLoader
-    from ..gradient_state import GradientState
+    from ..runtime.gradient_state import GradientState
     from ..runtime.optimizer import AcceleratedOptimizer
     from ..runtime.scheduler import AcceleratedScheduler
     from ..runtime.state import AcceleratorState

@@ -21,7 +21,7 @@ from ..runtime.scheduler import AcceleratedScheduler
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
     from ..fp8.setup import Fp8Setup
-    from ..gradient_state import GradientState
+    from ..runtime.gradient_state import GradientState
     from ..runtime.state import AcceleratorState
     from ..strategies.base import Strategy
 
@@ -311,11 +311,11 @@ class PreparePart:
 
         In place, after the strategy wrapped it: DDP's and FSDP2's hooks
         still run, the state dict keys stay. Regional compilation compiles the
-        repeated blocks and the other leaves the same way (`hasten.regional`).
+        repeated blocks and the other leaves the same way (`hasten.runtime.regional`).
         A model compiled already (by the user, whole or by regions) is left as it is.
         """
-        from ..regional import compile_in_place, compile_regions_fsdp2, has_compiled_regions
-        from ..unwrap import is_compiled_module
+        from ..runtime.regional import compile_in_place, compile_regions_fsdp2, has_compiled_regions
+        from ..runtime.unwrap import is_compiled_module
 
         plugin = self.dynamo_plugin
         if not plugin.enabled:
@@ -340,7 +340,7 @@ class PreparePart:
             >>> accelerator.unwrap_model(accelerator.prepare(net)) is net
             True
         """
-        from ..unwrap import extract_model_from_parallel
+        from ..runtime.unwrap import extract_model_from_parallel
 
         return extract_model_from_parallel(self.strategy.unwrap_model(model), keep_fp32_wrapper, keep_torch_compile)
 

@@ -1,6 +1,6 @@
 """The Accelerator's process part: who and where, collectives, and "only on process N" helpers.
 
-Everything here delegates: collectives to `hasten.collectives`, process
+Everything here delegates: collectives to `hasten.runtime.collectives`, process
 facts and helpers to the `AcceleratorState`.
 """
 
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .. import collectives
+from ..runtime import collectives
 
 if TYPE_CHECKING:
-    from ..gradient_state import GradientState
+    from ..runtime.gradient_state import GradientState
     from ..runtime.state import AcceleratorState
 
 __all__ = ["ProcessPart"]

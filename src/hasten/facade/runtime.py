@@ -15,7 +15,7 @@ from ..options import AutocastKwargs, ProfileKwargs
 
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
-    from ..precision import PrecisionPolicy
+    from ..runtime.precision import PrecisionPolicy
     from ..runtime.state import AcceleratorState
     from ..strategies.base import Strategy
 
@@ -128,7 +128,7 @@ class RuntimePart:
         """
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
-        from ..collectives import reduce
+        from ..runtime.collectives import reduce
 
         if int(reduce(self.flag_tensor, "sum").item()) >= 1:
             self.flag_tensor = torch.tensor(0, device=self.device)

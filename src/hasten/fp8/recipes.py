@@ -19,8 +19,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..availability import is_torchao_available, is_transformer_engine_available
-from ..environment import str_to_bool
+from ..core.availability import is_torchao_available, is_transformer_engine_available
+from ..core.environment import str_to_bool
 from ..options.kwargs import KwargsHandler
 
 __all__ = ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "TE_MISSING"]

@@ -4,7 +4,7 @@ Accelerate 1.15's choices: `mixed_precision="fp8"` without a recipe
 handler picks torchao, else Transformer Engine, else MS-AMP (the first
 installed) with that backend's default recipe; a recipe handler without
 `mixed_precision="fp8"` is an error. Forward passes run under bf16
-autocast (`hasten.precision`); torchao's `Float8Linear` (`ao.py`) or
+autocast (`hasten.runtime.precision`); torchao's `Float8Linear` (`ao.py`) or
 Transformer Engine's layers inside its ``fp8_autocast`` (`te.py`) do the
 fp8 matrix products. On CUDA, real fp8 needs compute capability 8.9+
 (Ada, Hopper); older GPUs are refused unless the torchao recipe emulates
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..availability import is_msamp_available, is_torchao_available, is_transformer_engine_available
-from ..launch_spec import fp8_problem
+from ..core.availability import is_msamp_available, is_torchao_available, is_transformer_engine_available
+from ..process.launch_spec import fp8_problem
 from ..options.enums import FP8BackendType
 from .recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..availability import is_transformer_engine_available
+from ..core.availability import is_transformer_engine_available
 from .recipes import TE_MISSING
 
 __all__ = ["convert_model", "has_transformer_engine_layers", "contextual_fp8_autocast", "apply_fp8_autowrap",
@@ -65,7 +65,7 @@ def convert_model(model: nn.Module, to_transformer_engine: bool = True, _convert
 
     Example:
         >>> import torch
-        >>> from hasten.availability import is_transformer_engine_available
+        >>> from hasten.core.availability import is_transformer_engine_available
         >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
         >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
         ...     convert_model(model)  # model[0] is te.Linear, model[1] te.LayerNorm, with the same weights
@@ -106,7 +106,7 @@ def has_transformer_engine_layers(model: nn.Module) -> bool:
 
     Example:
         >>> import torch
-        >>> from hasten.availability import is_transformer_engine_available
+        >>> from hasten.core.availability import is_transformer_engine_available
         >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
         >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
         ...     assert not has_transformer_engine_layers(model)
@@ -128,7 +128,7 @@ def contextual_fp8_autocast(model_forward: Callable[..., Any], fp8_recipe: Any,
 
     Example:
         >>> import torch
-        >>> from hasten.availability import is_transformer_engine_available
+        >>> from hasten.core.availability import is_transformer_engine_available
         >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
         >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
         ...     from transformer_engine.common.recipe import DelayedScaling
@@ -156,7 +156,7 @@ def build_fp8_recipe(fp8_recipe_handler: Any) -> tuple[Any, bool]:
     the other fields keep TE's own defaults.
 
     Example:
-        >>> from hasten.availability import is_transformer_engine_available
+        >>> from hasten.core.availability import is_transformer_engine_available
         >>> from hasten.utils import TERecipeKwargs
         >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
         ...     recipe, in_eval = build_fp8_recipe(TERecipeKwargs(fp8_format="E4M3"))  # DelayedScaling(Format.E4M3), False
@@ -191,7 +191,7 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
 
     Example:
         >>> import torch
-        >>> from hasten.availability import is_transformer_engine_available
+        >>> from hasten.core.availability import is_transformer_engine_available
         >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
         >>> if is_transformer_engine_available():  # needs TE (an NVIDIA GPU); the doctest runs it only there
         ...     from hasten.utils import TERecipeKwargs

@@ -1,7 +1,7 @@
 """`PrepareForLaunch`: run a function as process `index` of a forked group (the peer's path: ``accelerate.utils.launch``).
 
 Example:
-    >>> from hasten.environment import clear_environment
+    >>> from hasten.core.environment import clear_environment
     >>> from hasten.launch.forked import PrepareForLaunch
     >>> with clear_environment():  # it sets rank variables: keep them out of this process
     ...     PrepareForLaunch(print, distributed_type="NO")(0, "hello")
@@ -28,7 +28,7 @@ class PrepareForLaunch:
 
     Example:
         >>> import os
-        >>> from hasten.environment import clear_environment
+        >>> from hasten.core.environment import clear_environment
         >>> with clear_environment():
         ...     PrepareForLaunch(lambda: os.environ["LOCAL_RANK"], distributed_type="MULTI_CPU")(1)
         '1'

@@ -16,7 +16,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 
-from ..launch_spec import BOARD_DIR_ENV
+from ..process.launch_spec import BOARD_DIR_ENV
 
 __all__ = ["owned_directory", "prefix", "shared_directory", "empty"]
 

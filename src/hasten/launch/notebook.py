@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ..launch_spec import LaunchSpec
+from ..process.launch_spec import LaunchSpec
 from .plan import LaunchError, LaunchPlan, find_free_port, port_in_use
 
 __all__ = ["notebook_launcher", "debug_launcher", "WorkerFailedError"]

@@ -18,9 +18,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..config import DEFAULT_LIVENESS_TIMEOUT, ConfigError, check_layout
-from ..errors import LaunchError
-from ..launch_spec import AS_ACCELERATE_ENV, HEARTBEAT_DIR_ENV, LaunchSpec
+from .config import DEFAULT_LIVENESS_TIMEOUT, ConfigError, check_layout
+from ..core.errors import LaunchError
+from ..process.launch_spec import AS_ACCELERATE_ENV, HEARTBEAT_DIR_ENV, LaunchSpec
 from .network import interface_for_address, is_loopback
 
 __all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "available_cpus"]

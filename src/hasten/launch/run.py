@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..checkpointing.preemption import read_preemption_record
-from ..environment import restored_environment
-from ..launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, HEARTBEAT_DIR_ENV, PREEMPTION_RECORD_ENV,
+from ..core.environment import restored_environment
+from ..process.launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, HEARTBEAT_DIR_ENV, PREEMPTION_RECORD_ENV,
                            PROGRESS_FILE_ENV, LaunchSpec)
 from .failures import all_failures, failure_summary
 from .leftovers import empty, owned_directory, shared_directory

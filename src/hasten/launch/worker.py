@@ -26,8 +26,8 @@ import signal
 import sys
 from typing import Any, Callable
 
-from ..aliasing import install as install_accelerate_switch
-from ..launch_spec import AS_ACCELERATE_ENV, EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
+from ..process.aliasing import install as install_accelerate_switch
+from ..process.launch_spec import AS_ACCELERATE_ENV, EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
 from ..process.exit import exit_cleanly, exit_now, hide_frames_of, rank_label, record_failure
 from ..process import board, heartbeat
 from ..process.group import leave_process_group

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..environment import str_to_bool
+from ..core.environment import str_to_bool
 from .enums import DynamoBackend
 from .kwargs import KwargsHandler
 
@@ -33,7 +33,7 @@ class TorchDynamoPlugin(KwargsHandler):
     `no_sync` stay as they were. `use_regional_compilation=True` compiles
     each repeated block (an `nn.ModuleList` of one class) and every other
     leaf part instead of the whole model, also in place (see
-    `hasten.regional`): a shorter cold start for a deep transformer. A
+    `hasten.runtime.regional`): a shorter cold start for a deep transformer. A
     setting left None is read from the `ACCELERATE_DYNAMO_*` variables
     (`BACKEND`, `MODE`, `USE_FULLGRAPH`, `USE_DYNAMIC`,
     `USE_REGIONAL_COMPILATION`) when they are set, as Accelerate does.

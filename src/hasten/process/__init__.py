@@ -8,7 +8,7 @@
 - `watchdog`: where each process waits; a certain deadlock ends the run in seconds.
 - `lifetime`: the process dies with its launcher (Linux's parent-death signal).
 
-These modules import only `hasten.launch_spec`, `hasten.topology`,
-`hasten.errors` and each other: never the launcher (`hasten.launch`), the
+These modules import only `hasten.process.launch_spec`, `hasten.process.topology`,
+`hasten.core.errors` and each other: never the launcher (`hasten.launch`), the
 Accelerator, checkpointing or the strategies, which all build on them.
 """

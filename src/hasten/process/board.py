@@ -54,8 +54,8 @@ import os
 import time
 import zlib
 
-from ..errors import CollectiveDeadlock
-from ..launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
+from ..core.errors import CollectiveDeadlock
+from .launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
 from . import watchdog
 
 __all__ = ["BOARD_DIR_ENV", "Board", "board", "mark_left", "LEFT_REASONS", "PAYLOAD"]

@@ -70,7 +70,7 @@ def rank_label() -> str:
         >>> rank_label()
         '0'
     """
-    from ..topology import ProcessTopology  # torch-free: works under torchrun, MPI and SLURM
+    from .topology import ProcessTopology  # torch-free: works under torchrun, MPI and SLURM
 
     try:
         return str(ProcessTopology.from_env().rank)

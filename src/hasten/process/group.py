@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Callable
 from types import TracebackType
 
-from ..topology import ProcessTopology
+from .topology import ProcessTopology
 from . import watchdog
 
 __all__ = ["DEFAULT_TIMEOUT", "group_timeout", "init_process_group", "topology_from_group", "start_watchdog",

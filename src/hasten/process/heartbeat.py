@@ -24,7 +24,7 @@ import socket
 import threading
 from typing import Any
 
-from ..launch_spec import HEARTBEAT_DIR_ENV
+from .launch_spec import HEARTBEAT_DIR_ENV
 from . import watchdog
 
 __all__ = ["BEAT_EVERY", "start", "stop", "running", "heartbeat_path", "read_heartbeat"]

@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-from ..launch_spec import EXIT_FAILED
+from .launch_spec import EXIT_FAILED
 
 __all__ = ["parent_death_signal_available", "arm_parent_death_signal", "die_with_launcher"]
 

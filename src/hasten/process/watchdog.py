@@ -58,8 +58,8 @@ import time
 from types import FrameType
 from typing import Any, Callable
 
-from ..errors import CollectiveDeadlock, CollectiveTimeout
-from ..launch_spec import watchdog_enabled
+from ..core.errors import CollectiveDeadlock, CollectiveTimeout
+from .launch_spec import watchdog_enabled
 
 __all__ = ["waiting", "enter", "leave", "here", "start", "running", "positions", "published", "call_site", "user_site",
            "set_progress", "local_progress", "progress_of", "mark_left", "leave_together", "CollectiveDeadlock",

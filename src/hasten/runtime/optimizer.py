@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
-from ..gradient_state import GradientState
+from .gradient_state import GradientState
 
 if TYPE_CHECKING:
-    from ..precision import PrecisionPolicy
+    from .precision import PrecisionPolicy
 
 __all__ = ["AcceleratedOptimizer", "OptimizerSteps"]
 
@@ -36,7 +36,7 @@ class _PlainSteps:
     """One device, full precision: torch's own step and zero_grad (what `Strategy` does without fp16)."""
 
     def __init__(self) -> None:
-        from ..precision import make_precision_policy
+        from .precision import make_precision_policy
 
         self.precision = make_precision_policy("no", torch.device("cpu"))
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence, cast
 
-from ..gradient_state import GradientState
+from .gradient_state import GradientState
 from ..options import KwargsHandler
 from .optimizer import AcceleratedOptimizer
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from ..launch_spec import LaunchSpec, debug_requested
+from ..process.launch_spec import LaunchSpec, debug_requested
 from ..process import watchdog
 from ..process.group import (
     DEFAULT_TIMEOUT,
@@ -26,7 +26,7 @@ from ..process.group import (
     start_watchdog,
     topology_from_group,
 )
-from ..topology import ProcessTopology, backend_for_device, select_device
+from ..process.topology import ProcessTopology, backend_for_device, select_device
 
 __all__ = ["PartialState", "AcceleratorState", "is_initialized"]
 
@@ -130,7 +130,7 @@ class PartialState:
         if self.use_distributed:
             with watchdog.waiting("wait_for_everyone"):
                 if self.debug:
-                    from ..collectives import check_same_everywhere
+                    from .collectives import check_same_everywhere
 
                     check_same_everywhere("wait_for_everyone", None)
                 dist.barrier()
@@ -212,7 +212,7 @@ class PartialState:
             ...     mine
             ['a', 'b', 'c']
         """
-        from ..collectives import split_for_process
+        from .collectives import split_for_process
 
         yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding)
 

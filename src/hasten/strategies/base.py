@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..options import DistributedType
-from ..precision import PrecisionPolicy, make_precision_policy
+from ..runtime.precision import PrecisionPolicy, make_precision_policy
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -44,7 +44,7 @@ class AccumulationState(Protocol):
     """What a strategy that steps at its own accumulation boundary (DeepSpeed) reads and sets of `GradientState`.
 
     Example:
-        >>> from hasten.gradient_state import GradientState
+        >>> from hasten.runtime.gradient_state import GradientState
         >>> state: AccumulationState = GradientState(num_steps=2)
         >>> state.num_steps
         2
@@ -274,7 +274,7 @@ class Strategy:
 
         An engine that cannot save in the background raises `CheckpointError` saying why.
         """
-        from ..errors import CheckpointError
+        from ..core.errors import CheckpointError
 
         raise CheckpointError(f"save_state(async_save=True) is not available under {self.name}, which writes its own "
                               "checkpoint files; call save_state without async_save.")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from ..precision import make_precision_policy
+from ..runtime.precision import make_precision_policy
 from .base import AccumulationState, Strategy, notice_once
 from .ddp.strategy import DDPStrategy
 from .single import SingleDeviceStrategy

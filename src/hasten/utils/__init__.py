@@ -55,7 +55,7 @@ from .environment import (
     str_to_bool,
 )
 from .imports import *  # noqa: F401,F403 - the is_*_available probes
-from ..availability import PROBES as _probes
+from ..core.availability import PROBES as _probes
 from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
@@ -81,7 +81,7 @@ from .transformer_engine import apply_fp8_autowrap, contextual_fp8_autocast, con
 from .dataclasses import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .tqdm import tqdm
 from .unavailable import *  # noqa: F401,F403 - features hasten lacks: they exist and refuse when used
-from ..unavailable import __all__ as _unavailable
+from ..core.unavailable import __all__ as _unavailable
 from .versions import compare_versions, is_torch_version
 from ..checkpointing.constants import (
     MODEL_NAME,
@@ -109,7 +109,7 @@ from ..options import (
     ProfileKwargs,
 )
 from ..checkpointing.files import save
-from ..saving import load
+from ..core.saving import load
 from ..strategies.deepspeed.config import HfDeepSpeedConfig
 from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
@@ -156,8 +156,8 @@ from .offload import (
     offload_weight,
     save_offload_index,
 )
-from ..seeding import set_seed
-from ..throughput import ThroughputMeter, count_flops_per_sample, peak_flops
+from ..runtime.seeding import set_seed
+from ..runtime.throughput import ThroughputMeter, count_flops_per_sample, peak_flops
 
 __all__ = [
     "broadcast",

@@ -6,7 +6,7 @@ Example:
     ('model.safetensors', 'FULL_SHARD')
 """
 
-from ..availability import STR_OPERATION_TO_FUNC
+from ..core.availability import STR_OPERATION_TO_FUNC
 from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the point
 from ..checkpointing.constants import __all__ as _names
 from ..options.configuration import TORCH_DYNAMO_MODES

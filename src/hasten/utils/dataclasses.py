@@ -40,7 +40,7 @@ from ..strategies.parallel.tp_size import TorchTensorParallelPlugin
 from ..strategies.parallel.context_config import TorchContextParallelConfig
 from ..tracking.base import LoggerType
 from ..fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-from ..unavailable import MegatronLMPlugin
+from ..core.unavailable import MegatronLMPlugin
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DistributedDataParallelKwargs",

@@ -6,7 +6,7 @@ Example:
     3
 """
 
-from ..errors import DeepSpeedConfigError
+from ..core.errors import DeepSpeedConfigError
 from ..strategies.deepspeed.config import HfDeepSpeedConfig, require_deepspeed
 from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin

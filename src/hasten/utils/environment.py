@@ -1,4 +1,4 @@
-"""The peer's ``accelerate.utils.environment`` path: names only; the code lives in `hasten.environment`
+"""The peer's ``accelerate.utils.environment`` path: names only; the code lives in `hasten.core.environment`
 (and `hasten.launch.gpus` for the fp8 capability check, asked of nvidia-smi).
 
 Example:
@@ -10,7 +10,7 @@ Example:
 """
 
 from ..launch.gpus import check_cuda_fp8_capability
-from ..environment import (
+from ..core.environment import (
     clear_environment,
     convert_dict_to_env_variables,
     get_int_from_env,

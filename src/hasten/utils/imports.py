@@ -1,4 +1,4 @@
-"""The peer's ``accelerate.utils.imports`` path: the `is_*_available` probes; the code lives in `hasten.availability`.
+"""The peer's ``accelerate.utils.imports`` path: the `is_*_available` probes; the code lives in `hasten.core.availability`.
 
 Example:
     >>> from hasten.utils.imports import is_torch_xla_available, is_safetensors_available
@@ -6,7 +6,7 @@ Example:
     False
 """
 
-from ..availability import *  # noqa: F401,F403 - every probe
-from ..availability import PROBES
+from ..core.availability import *  # noqa: F401,F403 - every probe
+from ..core.availability import PROBES
 
 __all__ = PROBES

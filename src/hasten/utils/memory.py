@@ -1,4 +1,4 @@
-"""The peer's ``accelerate.utils.memory`` path: names only; the code lives in `hasten.memory`.
+"""The peer's ``accelerate.utils.memory`` path: names only; the code lives in `hasten.runtime.memory`.
 
 Example:
     >>> from hasten.utils.memory import find_executable_batch_size
@@ -9,6 +9,6 @@ Example:
     8
 """
 
-from ..memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
+from ..runtime.memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 
 __all__ = ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"]

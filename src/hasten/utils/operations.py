@@ -1,5 +1,5 @@
-"""The peer's ``accelerate.utils.operations`` path: names only; the code lives in `hasten.operations`
-(batch helpers and collectives with the peer's parameter names) and `hasten.collectives`.
+"""The peer's ``accelerate.utils.operations`` path: names only; the code lives in `hasten.runtime.operations`
+(batch helpers and collectives with the peer's parameter names) and `hasten.runtime.collectives`.
 
 Example:
     >>> import torch
@@ -8,9 +8,9 @@ Example:
     tensor([1, 2])
 """
 
-from ..collectives import recursively_apply, send_to_device
-from ..errors import DistributedOperationException
-from ..operations import (
+from ..runtime.collectives import recursively_apply, send_to_device
+from ..core.errors import DistributedOperationException
+from ..runtime.operations import (
     broadcast,
     broadcast_object_list,
     concatenate,

@@ -10,15 +10,15 @@ Example:
 
 from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from ..cli.basic_config import write_basic_config
-from ..objects import convert_bytes, get_pretty_name, merge_dicts, recursive_getattr
-from ..operations import wait_for_everyone
-from ..ports import get_free_port, is_port_in_use
-from ..regional import (compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, has_compiled_regions,
+from ..core.objects import convert_bytes, get_pretty_name, merge_dicts, recursive_getattr
+from ..runtime.operations import wait_for_everyone
+from ..process.ports import get_free_port, is_port_in_use
+from ..runtime.regional import (compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, has_compiled_regions,
                         has_repeated_blocks, is_repeated_blocks)
 from ..checkpointing.files import save
-from ..saving import load
+from ..core.saving import load
 from ..strategies.parallel.tp_size import get_model_tp_size
-from ..unwrap import extract_model_from_parallel, is_compiled_module
+from ..runtime.unwrap import extract_model_from_parallel, is_compiled_module
 
 __all__ = [
     "clean_state_dict_for_safetensors", "compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "convert_bytes",

@@ -1,4 +1,4 @@
-"""The peer's ``accelerate.utils.tqdm`` path; the code lives in `hasten.progress`.
+"""The peer's ``accelerate.utils.tqdm`` path; the code lives in `hasten.runtime.progress`.
 
 Example:
     >>> from hasten.utils.tqdm import tqdm
@@ -6,6 +6,6 @@ Example:
     3
 """
 
-from ..progress import tqdm
+from ..runtime.progress import tqdm
 
 __all__ = ["tqdm"]

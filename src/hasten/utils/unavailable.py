@@ -1,4 +1,4 @@
-"""Names of Accelerate features hasten does not have yet; the code lives in `hasten.unavailable`.
+"""Names of Accelerate features hasten does not have yet; the code lives in `hasten.core.unavailable`.
 
 Example:
     >>> from hasten.utils.unavailable import MegatronLMPlugin
@@ -6,5 +6,5 @@ Example:
     'MegatronLMPlugin'
 """
 
-from ..unavailable import *  # noqa: F401,F403 - the refusing stand-ins
-from ..unavailable import __all__  # noqa: F401
+from ..core.unavailable import *  # noqa: F401,F403 - the refusing stand-ins
+from ..core.unavailable import __all__  # noqa: F401

@@ -1,4 +1,4 @@
-"""The peer's ``accelerate.utils.versions`` path: names only; the code lives in `hasten.availability`.
+"""The peer's ``accelerate.utils.versions`` path: names only; the code lives in `hasten.core.availability`.
 
 Example:
     >>> from hasten.utils.versions import is_torch_version
@@ -6,6 +6,6 @@ Example:
     True
 """
 
-from ..availability import compare_versions, is_torch_version
+from ..core.availability import compare_versions, is_torch_version
 
 __all__ = ["compare_versions", "is_torch_version"]

@@ -3,7 +3,7 @@
 # turns the switch on there and hands back hasten itself. The real package is never imported.
 import sys
 
-from hasten.aliasing import install
+from hasten.process.aliasing import install
 
 install()
 sys.modules[__name__] = sys.modules["hasten"]

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ...options import DistributedType
-from ...precision import PrecisionPolicy
+from ...runtime.precision import PrecisionPolicy
 from ..base import Strategy
 
 __all__ = ["DDPStrategy"]

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ...errors import DeepSpeedConfigError
+from ...core.errors import DeepSpeedConfigError
 
 __all__ = ["HfDeepSpeedConfig", "require_deepspeed", "INSTALL_HINT", "contains_auto", "auto_keys"]
 

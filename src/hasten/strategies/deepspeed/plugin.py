@@ -3,7 +3,7 @@
 The same settings come from three places, decoded here once: the plugin a
 script passes to `Accelerator(deepspeed_plugin=...)`, the `deepspeed_config`
 section of a launch config file and the `--zero_stage`/... launch flags (both
-reach each process in the launch spec; see `hasten.config.DeepSpeedConfig`).
+reach each process in the launch spec; see `hasten.launch.config.DeepSpeedConfig`).
 
 A DeepSpeed JSON config may leave values as ``"auto"``; they are filled when
 the model is prepared, from the Accelerator (accumulation steps, mixed
@@ -19,7 +19,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import DeepSpeedConfigError
+from ...core.errors import DeepSpeedConfigError
 from .config import HfDeepSpeedConfig, auto_keys, contains_auto, require_deepspeed
 
 __all__ = ["DeepSpeedPlugin"]
@@ -209,7 +209,7 @@ class DeepSpeedPlugin:
             >>> DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}).check_mixed_precision("no")
             Traceback (most recent call last):
             ...
-            hasten.errors.DeepSpeedConfigError: the DeepSpeed config sets bf16.enabled=True but the Accelerator's mixed_precision is 'no'; pass mixed_precision='bf16' (or --mixed_precision bf16) or set "bf16": {"enabled": "auto"} in the file.
+            hasten.core.errors.DeepSpeedConfigError: the DeepSpeed config sets bf16.enabled=True but the Accelerator's mixed_precision is 'no'; pass mixed_precision='bf16' (or --mixed_precision bf16) or set "bf16": {"enabled": "auto"} in the file.
         """
         for dtype in ("fp16", "bf16"):
             enabled = self.get_value(f"{dtype}.enabled")
@@ -340,7 +340,7 @@ class DeepSpeedPlugin:
 
     @classmethod
     def from_launch_config(cls, section: dict[str, Any]) -> "DeepSpeedPlugin":
-        """Build from a `deepspeed_config` section (config file or launch flags, as `hasten.config.DeepSpeedConfig` holds it).
+        """Build from a `deepspeed_config` section (config file or launch flags, as `hasten.launch.config.DeepSpeedConfig` holds it).
 
         With a `deepspeed_config_file` the file decides: the section's other
         ZeRO fields are the launcher's defaults and are not applied over it.

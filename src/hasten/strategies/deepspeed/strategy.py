@@ -33,7 +33,7 @@ from .config import require_deepspeed
 from .dummies import DummyOptim
 from .plugin import DeepSpeedPlugin
 from ...options import DistributedType
-from ...precision import PrecisionPolicy, check_precision_supported
+from ...runtime.precision import PrecisionPolicy, check_precision_supported
 from ..base import AccumulationState, Parameters, ShardedState, Strategy
 
 if TYPE_CHECKING:
@@ -322,7 +322,7 @@ class DeepSpeedStrategy(Strategy):
     def begin_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                                optimizers: Sequence[torch.optim.Optimizer]) -> Callable[[], dict[str, int]]:
         """Refused: DeepSpeed 0.19's only background writer cannot be waited on and published by hasten."""
-        from ...errors import CheckpointError
+        from ...core.errors import CheckpointError
 
         # DeepSpeed's decoupled checkpoint engine (0.19) writes through its async_io op (libaio, DeepNVMe) in a
         # spawned process and commits only inside the engine's next optimizer step, with a barrier: nothing a writer

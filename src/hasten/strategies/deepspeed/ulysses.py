@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 
 __all__ = ["DeepSpeedSequenceParallelConfig", "register_ulysses", "sequence_parallel_group", "sequence_parallel_loss",
            "sequence_parallel_size", "ulysses_loader"]
@@ -59,7 +59,7 @@ class DeepSpeedSequenceParallelConfig:
         >>> DeepSpeedSequenceParallelConfig(sp_attn_implementation="eager")
         Traceback (most recent call last):
         ...
-        hasten.errors.ConfigError: sp_attn_implementation='eager' cannot run under sequence parallelism, which drops the 4-D attention mask eager needs; use 'sdpa' or a flash attention.
+        hasten.core.errors.ConfigError: sp_attn_implementation='eager' cannot run under sequence parallelism, which drops the 4-D attention mask eager needs; use 'sdpa' or a flash attention.
     """
 
     sp_seq_length: int | None = field(default=None)

@@ -22,7 +22,7 @@ class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
 
     Example:
         >>> import torch
-        >>> from hasten.gradient_state import GradientState
+        >>> from hasten.runtime.gradient_state import GradientState
         >>> model = torch.nn.Linear(2, 2)
         >>> optimizer = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), GradientState())
         >>> scheduler = DeepSpeedSchedulerWrapper(torch.optim.lr_scheduler.StepLR(optimizer.optimizer, 1, 0.5), [optimizer])

@@ -3,7 +3,7 @@
 The same settings come from three places, decoded here once: the plugin
 object a script passes to `Accelerator(fsdp_plugin=...)`, the `fsdp_config`
 section of a config file, and the `--fsdp_*` launch flags (both reach each
-process in the launch spec; see `hasten.config.FSDPConfig`).
+process in the launch spec; see `hasten.launch.config.FSDPConfig`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class FullyShardedDataParallelPlugin:
 
     @classmethod
     def from_launch_config(cls, section: dict[str, Any]) -> "FullyShardedDataParallelPlugin":
-        """Build from an `fsdp_config` section (config file or `--fsdp_*` flags, as `hasten.config.FSDPConfig` holds it).
+        """Build from an `fsdp_config` section (config file or `--fsdp_*` flags, as `hasten.launch.config.FSDPConfig` holds it).
 
         Example:
             >>> FullyShardedDataParallelPlugin.from_launch_config({"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}).state_dict_type

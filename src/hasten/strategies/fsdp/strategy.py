@@ -20,7 +20,7 @@ from torch import nn
 
 from .plugin import FullyShardedDataParallelPlugin
 from ...options import DistributedType
-from ...precision import PrecisionPolicy, make_precision_policy
+from ...runtime.precision import PrecisionPolicy, make_precision_policy
 from . import checkpoint as fsdp_checkpoint
 from ..base import Parameters, ShardedState, Strategy, notice_once
 

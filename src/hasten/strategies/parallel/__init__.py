@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from ...lazy import lazy_exports
+from ...core.lazy import lazy_exports
 
 _EXPORTS = {
     "ParallelismConfig": "mesh",

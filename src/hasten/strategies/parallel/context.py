@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from .context_config import TorchContextParallelConfig
 
 if TYPE_CHECKING:

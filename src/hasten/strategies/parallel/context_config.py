@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 
 __all__ = ["TorchContextParallelConfig", "CP_COMM_STRATEGIES"]
 

@@ -26,8 +26,8 @@ import torch
 
 from ...big_modeling.device_map import infer_auto_device_map
 from ...big_modeling.model_helpers import calculate_maximum_sizes
-from ...objects import convert_bytes
-from ...operations import copy_tensor_to_devices, ignorant_find_batch_size, pad_input_tensors
+from ...core.objects import convert_bytes
+from ...runtime.operations import copy_tensor_to_devices, ignorant_find_batch_size, pad_input_tensors
 from ...runtime.state import PartialState
 from .pipeline import _split_annotations
 

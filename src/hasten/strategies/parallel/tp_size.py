@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 
 if TYPE_CHECKING:
     from .mesh import ParallelismConfig

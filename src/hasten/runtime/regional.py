@@ -19,7 +19,7 @@ functions, with its meaning:
 
 Example:
     >>> import torch
-    >>> from hasten.regional import compile_regions, has_compiled_regions
+    >>> from hasten.runtime.regional import compile_regions, has_compiled_regions
     >>> net = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2)] * 2))
     >>> has_compiled_regions(compile_regions(net, backend="eager"))
     True

@@ -43,7 +43,7 @@ LOG_LEVEL_ENV = "HASTEN_LOG_LEVEL"  # level of `get_logger` loggers given none
 PEER_LOG_LEVEL_ENV = "ACCELERATE_LOG_LEVEL"  # the peer's name for it, read after ours
 INIT_INCLUDE_BUFFERS_ENV = "HASTEN_INIT_INCLUDE_BUFFERS"  # a true flag: `init_empty_weights` puts buffers on meta too
 PEER_INIT_INCLUDE_BUFFERS_ENV = "ACCELERATE_INIT_INCLUDE_BUFFERS"  # the peer's name for it
-AS_ACCELERATE_ENV = "HASTEN_AS_ACCELERATE"  # "1": `import accelerate` gets hasten (`hasten.aliasing`; set by the switch)
+AS_ACCELERATE_ENV = "HASTEN_AS_ACCELERATE"  # "1": `import accelerate` gets hasten (`hasten.process.aliasing`; set by the switch)
 # -- settings of hasten's commands (never read inside a launched process)
 CONFIG_FILE_ENV = "HASTEN_CONFIG_FILE"  # the config file of `hasten launch` / `hasten config`
 NO_ARROW_MENU_ENV = "HASTEN_NO_ARROW_MENU"  # any value but "" or "0": `hasten config` asks with numbered lists
@@ -121,7 +121,7 @@ def log_level_from_env(env: Mapping[str, str] | None = None) -> str | None:
     return next((env[name] for name in (LOG_LEVEL_ENV, PEER_LOG_LEVEL_ENV) if env.get(name)), None)
 
 
-# Accelerate's variable -> the config field it carries (FSDPConfig / DeepSpeedConfig in hasten.config).
+# Accelerate's variable -> the config field it carries (FSDPConfig / DeepSpeedConfig in hasten.launch.config).
 _FSDP_VARIABLES = {
     "FSDP_VERSION": "fsdp_version", "FSDP_SHARDING_STRATEGY": "fsdp_sharding_strategy",
     "FSDP_RESHARD_AFTER_FORWARD": "fsdp_reshard_after_forward", "FSDP_OFFLOAD_PARAMS": "fsdp_offload_params",

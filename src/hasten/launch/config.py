@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin
 
-from .errors import ConfigError
-from .strategies.fsdp.plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
-from .launch_spec import CONFIG_FILE_ENV, MIXED_PRECISION_CHOICES, fp8_problem
+from ..core.errors import ConfigError
+from ..strategies.fsdp.plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
+from ..process.launch_spec import CONFIG_FILE_ENV, MIXED_PRECISION_CHOICES, fp8_problem
 
 __all__ = [
     "ConfigError",
@@ -222,7 +222,7 @@ def check_layout(num_processes: int, num_machines: int, machine_rank: int, main_
         >>> check_layout(3, 2, 0, "10.0.0.1", None)
         Traceback (most recent call last):
         ...
-        hasten.errors.ConfigError: num_processes 3 (the total across machines) is not divisible by num_machines 2; give every machine the same number of processes.
+        hasten.core.errors.ConfigError: num_processes 3 (the total across machines) is not divisible by num_machines 2; give every machine the same number of processes.
     """
     if num_machines < 1:
         raise ConfigError(f"num_machines must be at least 1, got {num_machines}.")
@@ -473,7 +473,7 @@ def save_config(config: LaunchConfig, path: str | os.PathLike[str] | None = None
 
     import yaml
 
-    from .atomic import atomic_write_text
+    from ..core.atomic import atomic_write_text
 
     path = Path(path) if path is not None else default_config_path()
     config.validate()

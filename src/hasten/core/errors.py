@@ -11,7 +11,7 @@ are one sentence: what is wrong and how to fix it.
 This module imports nothing of hasten: every layer may raise these.
 
 Example:
-    >>> from hasten.errors import ConfigError, HastenError
+    >>> from hasten.core.errors import ConfigError, HastenError
     >>> try:
     ...     raise ConfigError("num_processes must be at least 1; pass --num_processes 2.")
     ... except HastenError as error:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from .launch_spec import MIXED_PRECISION_CHOICES, cpu_fp16_enabled, fp8_problem
+from ..process.launch_spec import MIXED_PRECISION_CHOICES, cpu_fp16_enabled, fp8_problem
 
 __all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32"]
 

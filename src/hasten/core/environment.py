@@ -2,7 +2,7 @@
 
 Example:
     >>> import os
-    >>> from hasten.environment import patch_environment
+    >>> from hasten.core.environment import patch_environment
     >>> with patch_environment(my_setting="1"):
     ...     os.environ["MY_SETTING"]
     '1'

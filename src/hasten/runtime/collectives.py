@@ -33,8 +33,8 @@ from typing import Any, Callable, cast
 import torch
 import torch.distributed as dist
 
-from .errors import CollectiveOrderMismatch, CollectiveShapeMismatch, DistributedOperationException
-from .process import board as host_board, watchdog
+from ..core.errors import CollectiveOrderMismatch, CollectiveShapeMismatch, DistributedOperationException
+from ..process import board as host_board, watchdog
 
 __all__ = [
     "DistributedOperationException",

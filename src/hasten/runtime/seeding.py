@@ -3,7 +3,7 @@
 The peer's path for these is ``accelerate.utils.random``. torch is imported on first call.
 
 Example:
-    >>> from hasten.seeding import set_seed, synchronize_rng_states
+    >>> from hasten.runtime.seeding import set_seed, synchronize_rng_states
     >>> set_seed(0)
     >>> synchronize_rng_states(["torch"])  # one process: nothing to do
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     import torch
 
-    from .options import RNGType
+    from ..options import RNGType
 
 __all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
 
@@ -37,7 +37,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     import torch
 
     if device_specific:
-        from .topology import ProcessTopology
+        from ..process.topology import ProcessTopology
 
         seed += ProcessTopology.from_env().rank
     random.seed(seed)
@@ -67,7 +67,7 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
     import torch
     import torch.distributed as dist
 
-    from .options import RNGType
+    from ..options import RNGType
 
     kind = RNGType(getattr(rng_type, "value", rng_type) or "torch")
     get: Callable[[], torch.Tensor]
@@ -101,7 +101,7 @@ def synchronize_rng_states(rng_types: list[RNGType | str], generator: torch.Gene
         >>> import torch
         >>> synchronize_rng_states(["torch", "generator"], generator=torch.Generator())
     """
-    from .options import RNGType
+    from ..options import RNGType
 
     for rng_type in rng_types:
         synchronize_rng_state(RNGType(getattr(rng_type, "value", rng_type)), generator=generator)

@@ -4,12 +4,12 @@ Two kinds, both over nested structures (lists, tuples, dicts of tensors):
 
 - batch helpers: `find_batch_size`, `slice_tensors`, `concatenate`, `listify`, `convert_to_fp32`, ...;
 - collectives with the peer's parameter names (`tensor=`, `object=`, `object_list=`) and defaults (its
-  `reduce` averages by default; `Accelerator.reduce` sums), on `hasten.collectives`, plus
+  `reduce` averages by default; `Accelerator.reduce` sums), on `hasten.runtime.collectives`, plus
   `copy_tensor_to_devices` and `wait_for_everyone`.
 
 Example:
     >>> import torch
-    >>> from hasten.operations import gather, send_to_device
+    >>> from hasten.runtime.operations import gather, send_to_device
     >>> gather(tensor=torch.tensor([1, 2]))
     tensor([1, 2])
 """
@@ -23,7 +23,7 @@ import torch
 
 from . import collectives
 from .collectives import recursively_apply, send_to_device
-from .errors import DistributedOperationException
+from ..core.errors import DistributedOperationException
 
 __all__ = [
     "DistributedOperationException",
@@ -283,7 +283,7 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
         raise ValueError(f"copy_tensor_to_devices needs the tensor on exactly one process but {len(holders)} passed "
                          "one; pass None on every other process.")
     if tensor is None:
-        from .runtime.state import PartialState
+        from .state import PartialState
 
         shape, dtype = described[holders[0]]
         tensor = torch.empty(shape, dtype=dtype, device=PartialState().device)
@@ -299,7 +299,7 @@ def wait_for_everyone() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        from .process import watchdog
+        from ..process import watchdog
 
         with watchdog.waiting("wait_for_everyone"):
             dist.barrier()

@@ -1,7 +1,7 @@
 """A progress bar shown by one process per machine (the peer's path: ``accelerate.utils.tqdm``).
 
 Example:
-    >>> from hasten.progress import tqdm
+    >>> from hasten.runtime.progress import tqdm
     >>> sum(tqdm(range(3), disable=True))
     3
 """
@@ -32,7 +32,7 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
         raise ImportError("hasten.utils.tqdm needs the tqdm package, which is not installed; pip install tqdm.") from None
     disable = kwargs.pop("disable", False)
     if main_process_only and not disable:
-        from .runtime.state import PartialState
+        from .state import PartialState
 
         disable = PartialState().local_process_index != 0
     return progress_bar(*args, disable=disable, **kwargs)  # type: ignore[call-overload]  # stubs want the iterable first; tqdm also takes total= alone

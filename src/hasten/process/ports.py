@@ -3,7 +3,7 @@
 hasten's launcher has its own checks (`hasten.launch.plan`), which bind the port as torchrun will.
 
 Example:
-    >>> from hasten.ports import get_free_port, is_port_in_use
+    >>> from hasten.process.ports import get_free_port, is_port_in_use
     >>> 0 < get_free_port() < 65536
     True
 """

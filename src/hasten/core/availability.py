@@ -5,7 +5,7 @@ probes ask torch. hasten has no TPU / Megatron-LM / vendor-accelerator
 backend, so those probes say False whatever is installed.
 
 Example:
-    >>> from hasten.availability import is_torch_xla_available, is_safetensors_available
+    >>> from hasten.core.availability import is_torch_xla_available, is_safetensors_available
     >>> is_torch_xla_available()
     False
 """
@@ -47,7 +47,7 @@ def _installed(*names: str) -> bool:
 
 def _named(probe: Callable[..., bool], name: str, doc: str) -> Callable[..., bool]:
     probe.__name__ = probe.__qualname__ = name
-    probe.__doc__ = f"{doc}\n\nExample:\n    >>> from hasten.availability import {name}\n    >>> isinstance({name}(), bool)\n    True\n"
+    probe.__doc__ = f"{doc}\n\nExample:\n    >>> from hasten.core.availability import {name}\n    >>> isinstance({name}(), bool)\n    True\n"
     return probe
 
 

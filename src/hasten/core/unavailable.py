@@ -6,7 +6,7 @@ unchanged; one that creates them gets one sentence saying what is missing
 and what to use instead.
 
 Example:
-    >>> from hasten.unavailable import MegatronLMDummyScheduler
+    >>> from hasten.core.unavailable import MegatronLMDummyScheduler
     >>> MegatronLMDummyScheduler(None)
     Traceback (most recent call last):
     ...
@@ -32,7 +32,7 @@ def _refused(name: str, reason: str) -> type:
         raise NotImplementedError(f"{name} {reason}")
 
     doc = (f"Not available in hasten: creating it raises NotImplementedError ({name} {reason})\n\n"
-           f"Example:\n    >>> from hasten.unavailable import {name}\n    >>> {name}.__name__\n    '{name}'\n")
+           f"Example:\n    >>> from hasten.core.unavailable import {name}\n    >>> {name}.__name__\n    '{name}'\n")
     return type(name, (), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
 
 

@@ -3,7 +3,7 @@
 The peer's path for these is ``accelerate.utils.other``.
 
 Example:
-    >>> from hasten.objects import merge_dicts, recursive_getattr
+    >>> from hasten.core.objects import merge_dicts, recursive_getattr
     >>> merge_dicts({"a": {"b": 1}}, {"a": {"c": 2}})
     {'a': {'c': 2, 'b': 1}}
 """

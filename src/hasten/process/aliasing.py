@@ -35,13 +35,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
-from .errors import AccelerateSwitchError
+from ..core.errors import AccelerateSwitchError
 from .launch_spec import AS_ACCELERATE_ENV
 
 __all__ = ["ACCELERATE_VERSION", "SITE_DIRECTORY", "install", "installed", "uninstall", "AccelerateSwitchError"]
 
 ACCELERATE_VERSION = "1.15.0"  # the Accelerate release whose behaviour hasten implements (and reports)
-SITE_DIRECTORY = str(Path(__file__).with_name("_accelerate_site"))
+SITE_DIRECTORY = str(Path(__file__).resolve().parent.parent / "_accelerate_site")
 
 # Accelerate modules that live under another name in hasten; every other `accelerate.X` is `hasten.X`.
 _RENAMED = {"accelerate.commands": "hasten.cli", "accelerate.commands.config": "hasten.cli.config_command",

@@ -5,7 +5,7 @@ way (it knows its engine), these work on any wrapped module; big models and the 
 
 Example:
     >>> import torch
-    >>> from hasten.unwrap import extract_model_from_parallel
+    >>> from hasten.runtime.unwrap import extract_model_from_parallel
     >>> net = torch.nn.Linear(2, 2)
     >>> extract_model_from_parallel(torch.nn.parallel.DataParallel(net)) is net
     True

@@ -1,7 +1,7 @@
 """Finding a batch size that fits, and freeing device memory (the peer's paths: ``accelerate.utils.memory``, ``accelerate.memory_utils``).
 
 Example:
-    >>> from hasten.memory import find_executable_batch_size
+    >>> from hasten.runtime.memory import find_executable_batch_size
     >>> @find_executable_batch_size(starting_batch_size=8)
     ... def train(batch_size):
     ...     return batch_size

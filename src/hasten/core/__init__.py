@@ -1,0 +1,1 @@
+"""hasten's ground: modules that import nothing of hasten above them."""
