@@ -7,6 +7,7 @@ Example:
 """
 
 from ..core.availability import STR_OPERATION_TO_FUNC
+from ..big_modeling.casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the point
 from ..checkpointing.constants import __all__ as _names
 from ..options.configuration import TORCH_DYNAMO_MODES
@@ -15,4 +16,5 @@ from ..strategies.fsdp.plugin import (FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFE
                                       FSDP_STATE_DICT_TYPE)
 
 __all__ = list(_names) + ["FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH",
-                          "FSDP_STATE_DICT_TYPE", "FSDP_MODEL_NAME", "TORCH_DYNAMO_MODES", "STR_OPERATION_TO_FUNC"]
+                          "FSDP_STATE_DICT_TYPE", "FSDP_MODEL_NAME", "TORCH_DYNAMO_MODES", "STR_OPERATION_TO_FUNC",
+                          "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING"]
