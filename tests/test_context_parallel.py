@@ -65,7 +65,7 @@ def test_config_accepts_cp_with_accelerates_handler(monkeypatch):
     assert config.dp_shard_cp_dim_names == ["dp_shard", "cp"] and config.dp_cp_dim_names == ["dp_shard", "cp"]
     monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "alltoall")
     assert ParallelismConfig(cp_size=2).cp_handler.cp_comm_strategy == "alltoall"
-    with pytest.raises(ConfigError, match="'ring' is not a context-parallel strategy"):
+    with pytest.raises(ConfigError, match="Invalid cp_comm_strategy: ring is not a context-parallel strategy"):
         TorchContextParallelConfig("ring")
     with pytest.raises(ValueError, match="cp_handler must be a TorchContextParallelConfig"):
         ParallelismConfig(cp_size=2, cp_handler={"cp_comm_strategy": "allgather"})

@@ -28,7 +28,7 @@ def test_the_options_keep_accelerates_fields_defaults_and_checks(monkeypatch):
     assert (config.sp_seq_length, config.sp_seq_length_is_variable, config.sp_attn_implementation) == (None, True, None)
     assert DeepSpeedSequenceParallelConfig(sp_attn_implementation="kernels-community/flash-attn2").sp_attn_implementation
     for bad in ("eager", "flex_attention", "magic"):
-        with pytest.raises(ConfigError, match=f"sp_attn_implementation='{bad}'"):
+        with pytest.raises(ConfigError, match=f"Invalid sp_attn_implementation: '{bad}'"):
             DeepSpeedSequenceParallelConfig(sp_attn_implementation=bad)
     with pytest.raises(ConfigError, match="pass sp_seq_length"):
         DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False)

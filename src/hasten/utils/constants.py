@@ -6,7 +6,12 @@ Example:
     ('model.safetensors', 'FULL_SHARD')
 """
 
-from ..core.availability import STR_OPERATION_TO_FUNC
+from ..core.availability import (BETA_CP_AVAILABLE_PYTORCH_VERSION, BETA_SP_AVAILABLE_DEEPSPEED_VERSION,
+                                 BETA_TP_AVAILABLE_PYTORCH_VERSION, BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
+                                 DTENSOR_PYTORCH_VERSION, ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION,
+                                 FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION, MINIMUM_VERSIONS,
+                                 MITA_PROFILING_AVAILABLE_PYTORCH_VERSION, STR_OPERATION_TO_FUNC,
+                                 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION)
 from ..big_modeling.casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the point
 from ..checkpointing.constants import __all__ as _names
@@ -17,4 +22,5 @@ from ..strategies.fsdp.plugin import (FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFE
 
 __all__ = list(_names) + ["FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH",
                           "FSDP_STATE_DICT_TYPE", "FSDP_MODEL_NAME", "TORCH_DYNAMO_MODES", "STR_OPERATION_TO_FUNC",
-                          "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING"]
+                          "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
+                          *MINIMUM_VERSIONS]

@@ -59,7 +59,7 @@ class DeepSpeedSequenceParallelConfig:
         >>> DeepSpeedSequenceParallelConfig(sp_attn_implementation="eager")
         Traceback (most recent call last):
         ...
-        hasten.core.errors.ConfigError: sp_attn_implementation='eager' cannot run under sequence parallelism, which drops the 4-D attention mask eager needs; use 'sdpa' or a flash attention.
+        hasten.core.errors.ConfigError: Invalid sp_attn_implementation: 'eager' cannot run under sequence parallelism, which drops the 4-D attention mask eager needs; use 'sdpa' or a flash attention.
     """
 
     sp_seq_length: int | None = field(default=None)
@@ -80,11 +80,13 @@ class DeepSpeedSequenceParallelConfig:
             self.sp_attn_implementation = os.environ.get("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
         name = self.sp_attn_implementation
         if name in ("eager", "flex_attention"):
-            raise ConfigError(f"sp_attn_implementation={name!r} cannot run under sequence parallelism, which drops "
-                              f"the 4-D attention mask {name.split('_')[0]} needs; use 'sdpa' or a flash attention.")
+            raise ConfigError(f"Invalid sp_attn_implementation: {name!r} cannot run under sequence parallelism, "
+                              f"which drops the 4-D attention mask {name.split('_')[0]} needs; use 'sdpa' or a flash "
+                              "attention.")
         if name is not None and name not in _BUILTIN_ATTENTION and not ("/" in name and "flash-attn" in name):
-            raise ConfigError(f"sp_attn_implementation={name!r} is unknown; use one of {list(_BUILTIN_ATTENTION)} or a "
-                              "hub flash-attention kernel such as 'kernels-community/flash-attn2'.")
+            raise ConfigError(f"Invalid sp_attn_implementation: {name!r} is unknown; use one of "
+                              f"{list(_BUILTIN_ATTENTION)} or a hub flash-attention kernel such as "
+                              "'kernels-community/flash-attn2'.")
 
 
 def sequence_parallel_size(parallelism_config: Any) -> int:

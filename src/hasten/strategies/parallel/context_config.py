@@ -37,5 +37,5 @@ class TorchContextParallelConfig:
         if self.cp_comm_strategy is None:
             self.cp_comm_strategy = os.environ.get("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
-            raise ConfigError(f"cp_comm_strategy={self.cp_comm_strategy!r} is not a context-parallel strategy; "
-                              f"use one of {CP_COMM_STRATEGIES}.")
+            raise ConfigError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy} is not a context-parallel "
+                              f"strategy; use one of {CP_COMM_STRATEGIES}.")

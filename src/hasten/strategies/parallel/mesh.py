@@ -240,6 +240,15 @@ class ParallelismConfig:
     def mesh_shape(self) -> tuple[int, ...]:
         return tuple(self.sizes[name] for name in self.mesh_dim_names)
 
+    def _get_mesh(self) -> tuple[tuple[Any, ...], ...]:
+        """Accelerate's ``(dim names, sizes)`` of the enabled dims in mesh order; ``()`` when every size is 1.
+
+        Example:
+            >>> ParallelismConfig(dp_shard_size=2, tp_size=2)._get_mesh()
+            (('dp_shard', 'tp'), (2, 2))
+        """
+        return tuple(zip(*((name, self.sizes[name]) for name in self.active_mesh_dims)))
+
     # -- checks and mesh ----------------------------------------------------------
     def validate(self, num_processes: int) -> None:
         """Raise unless the sizes multiply to `num_processes`.
@@ -301,15 +310,21 @@ class ParallelismConfig:
                 raise ValueError(f"the device mesh was already built for {self.device_mesh.device_type!r}, not "
                                  f"{device_type!r}; use one device type per ParallelismConfig.")
             return self.device_mesh
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("build_device_mesh needs the process group; create hasten.PartialState() or "
-                               "hasten.Accelerator() first.")
-        self.validate(dist.get_world_size())
-        mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
+        grouped = dist.is_available() and dist.is_initialized()
+        if grouped:
+            self.validate(dist.get_world_size())
+        try:  # without a group, torch's init_device_mesh makes one from torchrun's variables (as under Accelerate)
+            mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
+        except (ValueError, RuntimeError) as error:
+            if grouped:
+                raise
+            raise RuntimeError("build_device_mesh needs the process group, and torch could not create one from the "
+                               "environment; create hasten.PartialState() or hasten.Accelerator() first.") from error
         for flat_name, dims in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
                                 ("dp_cp", self.dp_cp_dim_names)):
             if dims:  # a single dim flattens to an alias of itself, so mesh["dp"] always works once dp is on
-                self.flattened_meshes[flat_name] = mesh[tuple(dims)]._flatten(flat_name)
+                # the names go as a list, as Accelerate slices them (libraries patching the mesh see the same call)
+                self.flattened_meshes[flat_name] = mesh[dims]._flatten(flat_name)
         self.device_mesh = mesh
         return mesh
 
