@@ -31,11 +31,34 @@ def test_preparing_the_same_object_twice_is_refused():
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="same object twice"):
         acc.prepare(model, model)
-    prepared = acc.prepare(model)
-    with pytest.raises(ValueError, match="already passed to or returned by accelerator.prepare"):
-        acc.prepare(model)
-    with pytest.raises(ValueError, match="already passed to or returned by accelerator.prepare"):
-        acc.prepare(prepared)
+
+
+def test_a_prepared_object_passed_again_comes_back_unchanged_as_in_accelerate():
+    # Accelerate marks what prepare returns (`_is_accelerate_prepared`) and returns it as it is when it comes back
+    # (transformers' Trainer prepares again on each try of its batch-size search); nothing is wrapped twice.
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    loader = DataLoader(list(range(4)), batch_size=2)
+    prepared = acc.prepare(model, optimizer, scheduler, loader)
+    assert all(getattr(p, "_is_accelerate_prepared", False) for p in prepared)
+    again = acc.prepare(*prepared)
+    assert all(a is p for a, p in zip(again, prepared))
+    assert acc.prepare_model(prepared[0]) is prepared[0]
+    assert (len(acc._models), len(acc._optimizers), len(acc._schedulers), len(acc._dataloaders)) == (1, 1, 1, 1)
+    acc._models.clear()
+    assert acc.prepare(prepared[0]) is prepared[0] and acc._models == [prepared[0]]  # put back, as Accelerate does
+
+
+def test_an_object_hasten_wrapped_is_refused_when_passed_again():
+    # The torch optimizer behind an AcceleratedOptimizer (or a module behind DDP): wrapping it again would step
+    # (or synchronise) it twice, so hasten names the object to use instead.
+    acc = Accelerator(cpu=True)
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    acc.prepare(optimizer)
+    with pytest.raises(ValueError, match="keep using the object prepare returned"):
+        acc.prepare(optimizer)
 
 
 def test_prepare_returns_in_order_and_passes_other_objects_through():

@@ -262,6 +262,12 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         """True on steps where gradients are synchronised and the optimizer really steps."""
         return self.gradient_state.sync_gradients
 
+    @sync_gradients.setter
+    def sync_gradients(self, sync_gradients: bool) -> None:
+        # Accelerate lets a script force the flag (e.g. to step on a non-accumulation boundary); the next
+        # `accumulate()` sets it again.
+        self.gradient_state.sync_gradients = sync_gradients
+
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.gradient_state.num_steps
@@ -392,6 +398,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             >>> model, = accelerator.free_memory(model)
         """
         self._models.clear()
+        self._wrappers.clear()
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()

@@ -34,7 +34,7 @@ from .integrity import Hashes, check_hashes, start_checking
 from .jsonable import decode
 from .model_files import read_weights_file
 from .project import ProjectConfiguration, checkpoints_root, latest_checkpoint, list_checkpoints
-from .saveset import SaveSet
+from .saveset import SaveSet, run_load_hooks
 from .state import SHARDED_FORMAT, agree, all_gather, barrier, indexed_name
 
 __all__ = ["load_checkpoint", "read_checkpoint", "apply_checkpoint", "resolve_load_dir"]
@@ -68,9 +68,7 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
                     options: ReadOptions | None = None) -> CheckpointContents:
     """Read and check everything this process needs from `path`; nothing in memory is changed."""
     options = options or ReadOptions()
-    models = list(saveset.models)
-    for hook in saveset.load_pre_hooks:
-        hook(models, str(path))  # a hook may pop models it loads itself (e.g. from_pretrained)
+    models = run_load_hooks(saveset, str(path))  # a hook may pop models it loads itself (e.g. from_pretrained)
     if not is_checkpoint(path):
         return read_accelerate_checkpoint(saveset, path, models, options)
     manifest = read_manifest(path)

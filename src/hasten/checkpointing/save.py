@@ -47,7 +47,7 @@ from .integrity import Hashes, manifest_hashes
 from .jsonable import encode
 from .model_files import write_weights
 from .project import ProjectConfiguration, checkpoints_root, rotate_checkpoints
-from .saveset import CheckpointEngine, SaveSet
+from .saveset import CheckpointEngine, SaveSet, run_save_hooks
 from .state import agree, all_gather, barrier, indexed_name, model_format, needs_every_process
 
 __all__ = ["save_checkpoint", "target_dir"]
@@ -302,8 +302,7 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
     # Every process asks the strategy (a sharded one gathers); only the main process gets full values back.
     weights = [] if sharded else [strategy.model_state_dict(model) for model in models]
     optimizer_states = [] if sharded else [strategy.optimizer_state_dict(opt) for opt in saveset.optimizers]
-    for hook in saveset.save_pre_hooks:
-        hook(models, weights, str(staging))  # a hook may pop weights it saves itself (e.g. save_pretrained)
+    run_save_hooks(saveset, weights, str(staging))  # a hook may pop weights it saves itself (e.g. save_pretrained)
     manifest = {
         "iteration": iteration if automatic else None,
         "num_processes": process.world,

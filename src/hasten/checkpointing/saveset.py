@@ -33,7 +33,8 @@ from .rng import capture_rng_state, restore_rng_state
 if TYPE_CHECKING:
     from ..data.loader import PreparedDataLoader
 
-__all__ = ["SaveSet", "ProcessFacts", "CheckpointEngine", "Stateful", "StepCounter", "SaveHook", "LoadHook"]
+__all__ = ["SaveSet", "ProcessFacts", "CheckpointEngine", "Stateful", "StepCounter", "SaveHook", "LoadHook",
+           "run_save_hooks", "run_load_hooks"]
 
 #: ``hook(models, weights, output_dir)``, called before saving; popping from `weights` skips those models.
 SaveHook = Callable[[list[nn.Module], list[dict[str, Any]], str], None]
@@ -73,6 +74,9 @@ class CheckpointEngine(Protocol):
 
     @property
     def reads_sharded_from(self) -> frozenset[str]: ...
+
+    @property
+    def peer_engine_saves_models(self) -> bool: ...
 
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]: ...
 
@@ -134,7 +138,42 @@ class SaveSet:
     scaler: Stateful | None = None  # the fp16 GradScaler
     save_pre_hooks: list[SaveHook] = field(default_factory=list)
     load_pre_hooks: list[LoadHook] = field(default_factory=list)
+    # What the hooks receive for `models`, index for index: Accelerate's `accelerator._models` (the user's modules
+    # under DDP, the engine's wrappers under FSDP and DeepSpeed); None: `models` themselves.
+    hook_models: list[nn.Module] | None = None
     restore_position: bool = False  # loaders resume mid-pass (use_stateful_dataloader)
     # The RNG policy: every generator of the process, captured at save and restored at load.
     capture_rng: Callable[[], dict[str, Any]] = capture_rng_state
     restore_rng: Callable[[dict[str, Any]], None] = restore_rng_state
+
+
+def run_save_hooks(saveset: SaveSet, weights: list[dict[str, Any]], output_dir: str) -> None:
+    """Call the save pre-hooks as Accelerate does; a hook may pop from `weights` the models it saves itself.
+
+    Where Accelerate's engine saves the models itself (FSDP, DeepSpeed) the
+    hooks get an empty list of weights, and hasten saves every model.
+    """
+    seen = [] if saveset.engine.peer_engine_saves_models else weights
+    models = list(saveset.models if saveset.hook_models is None else saveset.hook_models)
+    for hook in saveset.save_pre_hooks:
+        hook(models, seen, output_dir)
+
+
+def run_load_hooks(saveset: SaveSet, input_dir: str) -> list[nn.Module]:
+    """Call the load pre-hooks as Accelerate does; return the models left for hasten to load.
+
+    A hook may pop the models it loads itself (e.g. with `from_pretrained`);
+    it sees Accelerate's entries, and each left in the list keeps its wrapper
+    here. Where Accelerate's engine loads the models itself (FSDP, DeepSpeed)
+    the hooks get an empty list and hasten loads every model.
+    """
+    views = list(saveset.models if saveset.hook_models is None else saveset.hook_models)
+    if saveset.engine.peer_engine_saves_models:
+        for hook in saveset.load_pre_hooks:
+            hook([], input_dir)
+        return list(saveset.models)
+    left = list(views)
+    for hook in saveset.load_pre_hooks:
+        hook(left, input_dir)
+    return [model for model, view in zip(saveset.models, views) if any(view is kept for kept in left)]
+

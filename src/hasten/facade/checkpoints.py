@@ -66,7 +66,8 @@ class CheckpointPart:
     scaler: torch.amp.GradScaler | None
     project_configuration: ProjectConfiguration
     use_stateful_dataloader: bool
-    _models: list[nn.Module]
+    _models: list[nn.Module]  # Accelerate's view (what the hooks receive)
+    _wrappers: dict[int, nn.Module]  # id of a `_models` entry -> the prepared model behind it, where they differ
     _optimizers: list[AcceleratedOptimizer]
     _schedulers: list[AcceleratedScheduler]
     _dataloaders: list[PreparedDataLoader]
@@ -99,7 +100,8 @@ class CheckpointPart:
         """Everything a checkpoint holds, as the plain value `hasten.checkpointing` is handed."""
         return SaveSet(
             engine=self.strategy, process=self._process_facts(), project=self.project_configuration,
-            counter=self.gradient_state, models=list(self._models), optimizers=list(self._optimizers),
+            counter=self.gradient_state, models=[self._wrappers.get(id(m), m) for m in self._models],
+            hook_models=list(self._models), optimizers=list(self._optimizers),
             schedulers=list(self._schedulers), dataloaders=list(self._dataloaders), custom=list(self._custom_objects),
             scaler=self.scaler, save_pre_hooks=list(self._save_state_pre_hooks.values()),
             load_pre_hooks=list(self._load_state_pre_hooks.values()), restore_position=self.use_stateful_dataloader,

@@ -38,6 +38,11 @@ def _is_prepared_loader(obj: Any) -> TypeGuard[PreparedDataLoader]:
     return isinstance(obj, PreparedDataLoader)
 
 
+def _mark_prepared(obj: Any) -> None:
+    """Accelerate's mark on what prepare returned; libraries test it (`getattr(obj, "_is_accelerate_prepared", False)`)."""
+    obj._is_accelerate_prepared = True
+
+
 def _is_preparable(obj: Any) -> bool:
     return isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) or _is_scheduler(obj)
 
@@ -98,12 +103,32 @@ class PreparePart:
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
 
     def _init_prepared(self) -> None:
-        """What `prepare` returned, in order (read by checkpoints, clipping, `free_memory`)."""
+        """What `prepare` returned, in order (read by checkpoints, clipping, `free_memory`).
+
+        `_models` holds what Accelerate's holds, because libraries read it and
+        its save/load hooks receive it: the user's module under DDP (Accelerate
+        appends it before wrapping), the wrapper under FSDP, the engine under
+        DeepSpeed (`Strategy.peer_model`). hasten keeps the wrapper it needs
+        for each entry in `_wrappers`.
+        """
         self._models: list[nn.Module] = []
+        self._wrappers: dict[int, nn.Module] = {}  # id of a `_models` entry -> the prepared model, where they differ
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._seen: dict[int, Any] = {}  # id -> object, for inputs and outputs of prepare
+
+    def _prepared_model(self, entry: nn.Module) -> nn.Module:
+        """The prepared (wrapping) model behind an entry of `_models`."""
+        return self._wrappers.get(id(entry), entry)
+
+    def _keep_model(self, original: nn.Module, prepared: nn.Module) -> None:
+        entry = self.strategy.peer_model(original, prepared)
+        self._models.append(entry)
+        if entry is not prepared:
+            self._wrappers[id(entry)] = prepared
+        self._remember(original, prepared)
+        _mark_prepared(prepared)
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, data loaders and schedulers, in any order.
@@ -122,13 +147,16 @@ class PreparePart:
         if device_placement is not None and len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object.")
         placement: list[bool | None] = list(device_placement) if device_placement else [None] * len(args)
-        for obj in args:
-            self._refuse_prepared(obj)
-        preparable = [id(obj) for obj in args if _is_preparable(obj) and not _is_prepared_loader(obj)]
+        results: list[Any] = list(args)
+        # An object prepare returned before comes back as it is (as in Accelerate, whose Trainer prepares again
+        # on each try of its batch-size search); the rest is prepared now.
+        fresh = [not self._already_prepared(obj) for obj in args]
+        args = tuple(obj if new else None for obj, new in zip(args, fresh))
+        preparable = [id(obj) for obj in args if _is_preparable(obj)]
         if len(set(preparable)) < len(preparable):
             raise ValueError("prepare received the same object twice; pass each model/optimizer/loader once.")
-        results: list[Any] = list(args)
-        self._fp8.prepare(args, self.strategy.distributed_type is DistributedType.FSDP, self.strategy)  # Linear -> Float8Linear
+        self._fp8.prepare(tuple(a for a in args if a is not None), self.strategy.distributed_type is DistributedType.FSDP,
+                          self.strategy)  # Linear -> Float8Linear
         # Models and optimizers are set up together: a sharded strategy replaces the parameters optimizers hold.
         batch_sizes = [obj.batch_size for obj in args if isinstance(obj, DataLoader) and obj.batch_size is not None]
         if batch_sizes:  # an engine (DeepSpeed) sizes its batches from the first loader's
@@ -150,6 +178,32 @@ class PreparePart:
             if _is_scheduler(obj):
                 results[i] = self.prepare_scheduler(obj)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _already_prepared(self, obj: Any) -> bool:
+        """True for an object prepare returned before (Accelerate's `_is_accelerate_prepared` mark): it is kept as it is.
+
+        As Accelerate, such an object is added back to its list if it left it. An
+        object hasten replaced by a wrapper (a module under DDP, a torch optimizer)
+        passed again is refused: wrapping it twice would synchronise its gradients twice.
+        """
+        if _is_prepared_loader(obj) and not getattr(obj, "_is_accelerate_prepared", False):
+            return True  # e.g. from skip_first_batches: already sharded, returned as it is
+        if getattr(obj, "_is_accelerate_prepared", False):
+            kept: list[Any] = (self._models if isinstance(obj, nn.Module) else self._optimizers
+                               if isinstance(obj, torch.optim.Optimizer) else self._dataloaders
+                               if isinstance(obj, DataLoader) else self._schedulers if _is_scheduler(obj) or
+                               isinstance(obj, AcceleratedScheduler) else [])
+            if _is_preparable(obj) or isinstance(obj, AcceleratedScheduler):
+                if not any(obj is entry for entry in kept):
+                    kept.append(obj)
+            return True
+        if id(obj) in self._seen and self._seen[id(obj)] is obj:
+            kind = type(obj).__name__
+            raise ValueError(
+                f"this {kind} was already passed to accelerator.prepare, which returned a wrapper of it; "
+                "keep using the object prepare returned (passing that again is fine)."
+            )
+        return False
 
     def _setup(self, models: list[nn.Module], placements: list[bool | None],
                optimizers: list[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[AcceleratedOptimizer]]:
@@ -179,25 +233,15 @@ class PreparePart:
         prepared_models = [next(wrapped_iter) if train else strategy.place_module(model, place=False)
                            for model, train in zip(models, trained)]
         for model, prepared in zip(models, prepared_models):
-            self._models.append(prepared)
-            self._remember(model, prepared)
+            self._keep_model(model, prepared)
         prepared_optimizers: list[AcceleratedOptimizer] = []
         for optimizer, inner in zip(optimizers, stepped):
             prepared_optimizer = AcceleratedOptimizer(inner, self.gradient_state, strategy)
             self._optimizers.append(prepared_optimizer)
             self._remember(optimizer, prepared_optimizer)
+            _mark_prepared(prepared_optimizer)
             prepared_optimizers.append(prepared_optimizer)
         return prepared_models, prepared_optimizers
-
-    def _refuse_prepared(self, obj: Any) -> None:
-        if _is_prepared_loader(obj):
-            return  # a prepared loader passed again comes back unchanged (scripts that re-prepare rely on it)
-        if id(obj) in self._seen and self._seen[id(obj)] is obj:
-            kind = type(obj).__name__
-            raise ValueError(
-                f"this {kind} was already passed to or returned by accelerator.prepare; "
-                "prepare each object once and keep using the object prepare returned."
-            )
 
     def _remember(self, original: Any, prepared: Any) -> None:
         self._seen[id(original)] = original
@@ -215,12 +259,14 @@ class PreparePart:
             >>> accelerator.prepare_model(torch.nn.Linear(2, 2)).weight.device.type
             'cpu'
         """
-        self._refuse_prepared(model)
+        if self._already_prepared(model):
+            return model
         if evaluation_mode:
             place = self.device_placement if device_placement is None else device_placement
             prepared = self.strategy.place_module(model, place)
             self._models.append(prepared)
             self._remember(model, prepared)
+            _mark_prepared(prepared)
             return prepared
         return self._setup([model], [device_placement], [])[0][0]
 
@@ -255,7 +301,8 @@ class PreparePart:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
         """Wrap the optimizer so it steps only on synchronising steps, through the strategy (and fp16 scaler)."""
-        self._refuse_prepared(optimizer)
+        if self._already_prepared(optimizer):
+            return optimizer  # type: ignore[return-value]
         return self._setup([], [], [optimizer])[1][0]
 
     def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
@@ -265,9 +312,8 @@ class PreparePart:
         A loader that is already prepared is returned unchanged. `slice_fn_for_dispatch`
         cuts each process's part out of a dispatched batch (with ``dispatch_batches=True``).
         """
-        if _is_prepared_loader(data_loader):
-            return data_loader
-        self._refuse_prepared(data_loader)
+        if self._already_prepared(data_loader):
+            return data_loader  # type: ignore[return-value]
         place = self.device_placement if device_placement is None else device_placement
         from ..data import prepare_data_loader  # imported on first use: `from hasten import Accelerator` stays fast
 
@@ -292,17 +338,20 @@ class PreparePart:
         )
         self._dataloaders.append(prepared)
         self._remember(data_loader, prepared)
+        _mark_prepared(prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap the scheduler so it steps only with its optimizer, as Accelerate's does (see `hasten.runtime.scheduler`)."""
-        self._refuse_prepared(scheduler)
+        if self._already_prepared(scheduler):
+            return scheduler
         optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
         prepared = AcceleratedScheduler(scheduler, optimizers or list(self._optimizers), self.step_scheduler_with_optimizer,
                                         self.split_batches, gradient_state=self.gradient_state,
                                         num_processes=1 if self._scheduler_once_per_step else self.state.num_processes)
         self._schedulers.append(prepared)
         self._remember(scheduler, prepared)
+        _mark_prepared(prepared)
         return prepared
 
     # -- torch.compile ----------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 __all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
            "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
            "INIT_INCLUDE_BUFFERS_ENV", "PEER_INIT_INCLUDE_BUFFERS_ENV", "CONFIG_FILE_ENV", "NO_ARROW_MENU_ENV", "AS_ACCELERATE_ENV",
+           "PEER_TORCH_DEVICE_ENV", "torch_device_from_env",
            "RESTART_COUNT_VAR", "MAX_RESTARTS_VAR", "EXIT_PREEMPTED", "EXIT_FAILED", "EXIT_INTERRUPTED",
            "MIXED_PRECISION_CHOICES", "fp8_problem", "debug_requested", "watchdog_enabled", "cpu_fp16_enabled",
            "log_level_from_env"]
@@ -44,6 +45,7 @@ PEER_LOG_LEVEL_ENV = "ACCELERATE_LOG_LEVEL"  # the peer's name for it, read afte
 INIT_INCLUDE_BUFFERS_ENV = "HASTEN_INIT_INCLUDE_BUFFERS"  # a true flag: `init_empty_weights` puts buffers on meta too
 PEER_INIT_INCLUDE_BUFFERS_ENV = "ACCELERATE_INIT_INCLUDE_BUFFERS"  # the peer's name for it
 AS_ACCELERATE_ENV = "HASTEN_AS_ACCELERATE"  # "1": `import accelerate` gets hasten (`hasten.process.aliasing`; set by the switch)
+PEER_TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's override of the device a process computes on ("cuda:3")
 # -- settings of hasten's commands (never read inside a launched process)
 CONFIG_FILE_ENV = "HASTEN_CONFIG_FILE"  # the config file of `hasten launch` / `hasten config`
 NO_ARROW_MENU_ENV = "HASTEN_NO_ARROW_MENU"  # any value but "" or "0": `hasten config` asks with numbered lists
@@ -119,6 +121,17 @@ def log_level_from_env(env: Mapping[str, str] | None = None) -> str | None:
     """
     env = os.environ if env is None else env
     return next((env[name] for name in (LOG_LEVEL_ENV, PEER_LOG_LEVEL_ENV) if env.get(name)), None)
+
+
+def torch_device_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """The device the environment names for this process (`PEER_TORCH_DEVICE_ENV`), or None to choose it as usual.
+
+    Example:
+        >>> torch_device_from_env({PEER_TORCH_DEVICE_ENV: "cuda:3"}), torch_device_from_env({})
+        ('cuda:3', None)
+    """
+    env = os.environ if env is None else env
+    return env.get(PEER_TORCH_DEVICE_ENV) or None
 
 
 # Accelerate's variable -> the config field it carries (FSDPConfig / DeepSpeedConfig in hasten.launch.config).

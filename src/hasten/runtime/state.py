@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from ..process.launch_spec import LaunchSpec, debug_requested
+from ..process.launch_spec import LaunchSpec, debug_requested, torch_device_from_env
 from ..process import watchdog
 from ..process.group import (
     DEFAULT_TIMEOUT,
@@ -63,13 +63,16 @@ class PartialState:
         else:
             self.topology = ProcessTopology.from_env() if topology is None else topology
             self.backend = None
-        self.device = select_device(self.topology.local_rank, cpu=self.cpu)
+        named = torch_device_from_env()  # Accelerate's ACCELERATE_TORCH_DEVICE overrides the choice
+        self.device = torch.device(named) if named else select_device(self.topology.local_rank, cpu=self.cpu)
+        if named and self.device.type != "cpu":
+            getattr(torch, self.device.type).set_device(self.device)
         wanted = backend or backend_for_device(self.device.type)
         if self.backend is None:
             if self.debug:  # torch's own check that every rank runs the same collective, with shapes
                 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
             if self.topology.is_distributed:
-                if self.device.type == "cuda":
+                if self.device.type == "cuda" and not named:
                     torch.cuda.set_device(self.device)
                 init_process_group(self.topology, wanted, timeout or DEFAULT_TIMEOUT)
                 self.backend = wanted
@@ -90,18 +93,29 @@ class PartialState:
             )
         if self.topology.is_distributed:
             start_watchdog()
+        self._generation = _generation[0]
+
+    def _check_alive(self, name: str) -> None:
+        """A `PartialState` made before `PartialState._reset_state()` refuses to answer, as the peer's (whose state was cleared)."""
+        if self.__dict__.get("_generation", _generation[0]) != _generation[0]:
+            raise AttributeError(
+                f"`PartialState` object has no attribute `{name}`. This happens if `PartialState._reset_state()` was "
+                "called and no `PartialState` or `Accelerator` was created since; create a new one.")
 
     # -- who am I -----------------------------------------------------------
     @property
     def num_processes(self) -> int:
+        self._check_alive("num_processes")
         return self.topology.world_size
 
     @property
     def process_index(self) -> int:
+        self._check_alive("process_index")
         return self.topology.rank
 
     @property
     def local_process_index(self) -> int:
+        self._check_alive("local_process_index")
         return self.topology.local_rank
 
     @property
@@ -265,6 +279,7 @@ class PartialState:
             'NO'
         """
         _partial_facts.clear()
+        _generation[0] += 1  # states made before refuse to answer (`_check_alive`); new ones read the environment
 
     def __repr__(self) -> str:
         t = self.topology
@@ -280,6 +295,7 @@ class PartialState:
 # Accelerator also tells `PartialState` its distributed type (`_partial_facts`).
 _run_facts: dict[str, Any] = {}
 _partial_facts: dict[str, Any] = {}
+_generation = [0]  # bumped by `PartialState._reset_state()`
 
 _STALE = ("`AcceleratorState` object has no attribute `{name}`. This happens if `AcceleratorState._reset_state()` "
           "was called and an `Accelerator` or `PartialState` was not reinitialized; create a new `Accelerator`.")
@@ -312,6 +328,9 @@ class AcceleratorState(PartialState):
             PartialState._reset_state()
 
     _owned = False  # True for an Accelerator's own state (which breaks, as the peer's does, after a reset)
+
+    def _check_alive(self, name: str) -> None:
+        """An `AcceleratorState` follows its own reset (`_check_current`), not `PartialState`'s."""
 
     def _record(self, **facts: Any) -> None:
         """Called once by the Accelerator that owns this state, after choosing its strategy."""

@@ -96,6 +96,22 @@ class Strategy:
     #: strategy but DeepSpeed reads them: an FSDP checkpoint of N processes resumes on M, or on one unsharded.
     reads_sharded_from: ClassVar[frozenset[str]] = frozenset({"fsdp"})
 
+    @property
+    def peer_engine_saves_models(self) -> bool:
+        """True where Accelerate's engine saves and loads the models itself (FSDP, DeepSpeed): there its save
+        pre-hooks see no weights to take over and its load pre-hooks no models (hasten's hooks see the same)."""
+        return False
+
+    def peer_model(self, original: nn.Module, prepared: nn.Module) -> nn.Module:
+        """What Accelerate keeps in `accelerator._models` for a model (its save/load hooks receive that list).
+
+        The user's own module, not its wrapper (Accelerate appends the model
+        before wrapping it in DDP); an engine whose wrapper replaces the model
+        there (FSDP, DeepSpeed's engine) returns `prepared`. hasten keeps the
+        wrapper it needs itself, whatever this returns.
+        """
+        return original
+
     def __init__(self, device: torch.device, precision: PrecisionPolicy | None = None) -> None:
         self.device = device
         self.precision = precision if precision is not None else make_precision_policy("no", device)

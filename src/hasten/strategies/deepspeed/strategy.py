@@ -134,6 +134,13 @@ class DeepSpeedStrategy(Strategy):
         return DistributedType.DEEPSPEED
 
     @property
+    def peer_engine_saves_models(self) -> bool:
+        return True  # Accelerate's DeepSpeed engine writes and reads the model itself
+
+    def peer_model(self, original: nn.Module, prepared: nn.Module) -> nn.Module:
+        return prepared  # Accelerate's `_models` holds the DeepSpeedEngine
+
+    @property
     def zero_stage(self) -> int:
         return int(self.plugin.zero_stage or 0)
 

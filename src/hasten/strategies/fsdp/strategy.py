@@ -125,6 +125,13 @@ class FSDPStrategy(Strategy):
             return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
         return DistributedType.FSDP
 
+    @property
+    def peer_engine_saves_models(self) -> bool:
+        return self.shards  # Accelerate's FSDP saves models itself; tensor parallel alone is a plain multi-device run
+
+    def peer_model(self, original: nn.Module, prepared: nn.Module) -> nn.Module:
+        return prepared  # Accelerate's `_models` holds the FSDP-wrapped model
+
     # -- the mesh ------------------------------------------------------------------------------
     @property
     def mesh(self) -> DeviceMesh:
