@@ -127,7 +127,7 @@ def test_unknown_and_unintegrated_trackers_are_refused(tmp_path):
         Accelerator(cpu=True, log_with="tensorbord", project_dir=tmp_path)
     with pytest.raises(NotImplementedError, match="log_with='aim' is a tracker this hasten version does not integrate"):
         Accelerator(cpu=True, log_with=LoggerType.AIM)
-    with pytest.raises(ValueError, match="log_with='jsonl' writes files and needs a logging directory"):
+    with pytest.raises(ValueError, match="Logging with `jsonl` requires a `logging_dir`"):
         Accelerator(cpu=True, log_with="jsonl")
     accelerator = Accelerator(cpu=True, log_with="jsonl", project_dir=tmp_path)
     with pytest.raises(ValueError, match=r"init_kwargs names trackers \['wandb'\] that are not in log_with"):
@@ -184,3 +184,34 @@ def test_log_level_from_the_environment(monkeypatch):
     assert get_logger("hasten-test-env").logger.level == logging.DEBUG
     with pytest.raises(ValueError, match="log_level='loud' is not a logging level"):
         get_logger("x", log_level="loud")
+
+
+def test_registered_trackers_start_late_and_accelerate_only_names_refuse(tmp_path):
+    from hasten.tracking import LOGGER_TYPE_TO_CLASS, AimTracker, TensorBoardTracker, register_tracker_class
+
+    class Named(Recorder):
+        name, requires_logging_directory = "named", True
+
+        def __init__(self, run_name, logging_dir):
+            super().__init__()
+            self.where = (run_name, logging_dir)
+
+        def start(self):
+            self.calls.append("started")
+
+    register_tracker_class(Named)
+    try:
+        accelerator = Accelerator(cpu=True, log_with="named", project_dir=tmp_path)
+        accelerator.init_trackers("p", config={"a": 1})
+        tracker = accelerator.get_tracker("named")
+        assert tracker.where == ("p", str(tmp_path)) and tracker.calls == ["started", ("config", {"a": 1})]
+        with pytest.warns(UserWarning, match="replaces the tracker registered as 'named'"):
+            register_tracker_class(Named)
+    finally:
+        LOGGER_TYPE_TO_CLASS.pop("named")
+    with pytest.raises(ValueError, match="set a non-empty class attribute `name`"):
+        register_tracker_class(type("Nameless", (GeneralTracker,), {"requires_logging_directory": False}))
+    board = TensorBoardTracker("run", tmp_path / "tb")  # created: nothing written until start()
+    assert board.writer is None and not (tmp_path / "tb").exists()
+    with pytest.raises(NotImplementedError, match=r"log_with='aim' is a tracker .* \(pip install aim\)"):
+        AimTracker("run")

@@ -14,7 +14,7 @@ __all__ = ["TrackerPart"]
 
 
 class TrackerPart:
-    """Trackers run on the main process (a tracker with ``main_process_only = False`` on every process).
+    """Trackers live on the main process, as in Accelerate: other processes have none, and `log` does nothing there.
 
     Example:
         >>> from hasten import Accelerator
@@ -33,10 +33,11 @@ class TrackerPart:
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        """Start every tracker of `log_with` for `project_name` and store `config` as the run's hyper-parameters.
+        """Start every tracker of `log_with` for `project_name` (on the main process) and store `config` as the run's hyper-parameters.
 
         `init_kwargs` maps a tracker name to keyword arguments for it, e.g.
-        ``{"wandb": {"mode": "offline"}}``.
+        ``{"wandb": {"mode": "offline"}}``. Each tracker is created, then
+        started (`start()`, trackers passed as instances too), then given `config`.
 
         Example:
             >>> import tempfile
@@ -51,17 +52,20 @@ class TrackerPart:
         if unknown:
             raise ValueError(f"init_kwargs names trackers {sorted(unknown)} that are not in log_with; "
                              "add them to log_with or drop those entries.")
+        if not self.state.is_main_process:
+            return
+        started: list[GeneralTracker] = []
         for item in self.log_with:
-            main_only = item.main_process_only if isinstance(item, GeneralTracker) else True
-            if main_only and not self.state.is_main_process:
-                continue
             if isinstance(item, GeneralTracker):
-                self.trackers.append(item)
+                started.append(item)
             else:
-                self.trackers.append(start_tracker(item, project_name, self.project_configuration.logging_dir,
-                                                   dict(init_kwargs.get(item, {}))))
+                started.append(start_tracker(item, project_name, self.project_configuration.logging_dir,
+                                             dict(init_kwargs.get(item, {}))))
+        self.trackers.extend(started)
+        for tracker in started:
+            tracker.start()
         if config is not None:
-            for tracker in self.trackers:
+            for tracker in started:
                 tracker.store_init_configuration(config)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
@@ -74,7 +78,7 @@ class TrackerPart:
         return GeneralTracker(_blank=True)  # other processes: calls on it do nothing
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        """Send `values` to every tracker (on the processes they run on).
+        """Send `values` to every tracker (the main process holds them all; elsewhere this does nothing).
 
         Example:
             >>> from hasten import Accelerator

@@ -1,51 +1,104 @@
-"""Experiment trackers with Accelerate's API; one module per backend, each imported only when used.
+"""Experiment trackers with Accelerate's API: one module per backend, the backend package imported only when a run starts.
+
+`LOGGER_TYPE_TO_CLASS` maps every name `log_with` accepts to its class;
+`register_tracker_class` adds a user's tracker to it.
 
 Example:
-    >>> from hasten.tracking import LoggerType, GeneralTracker, available_trackers
-    >>> "jsonl" in available_trackers()
-    True
+    >>> from hasten.tracking import LOGGER_TYPE_TO_CLASS, available_trackers
+    >>> "jsonl" in available_trackers(), LOGGER_TYPE_TO_CLASS["tensorboard"].__name__
+    (True, 'TensorBoardTracker')
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import warnings
 from typing import Any
 
-from .base import GeneralTracker, LoggerType, is_installed
+from .base import GeneralTracker, LoggerType, is_installed, on_main_process
+from .csv import CSVTracker
+from .jsonl import JSONLinesTracker
+from .mlflow import MLflowTracker
+from .tensorboard import TensorBoardTracker
+from .unintegrated import (AimTracker, ClearMLTracker, CometMLTracker, DVCLiveTracker, SwanLabTracker, TrackioTracker,
+                           UnintegratedTracker, refusal)
+from .wandb import WandBTracker
 
-__all__ = ["LoggerType", "GeneralTracker", "JSONLinesTracker", "CSVTracker", "TensorBoardTracker", "WandBTracker",
-           "MLflowTracker", "available_trackers", "resolve_log_with", "start_tracker"]
+__all__ = ["LoggerType", "GeneralTracker", "on_main_process", "JSONLinesTracker", "CSVTracker", "TensorBoardTracker",
+           "WandBTracker", "MLflowTracker", "AimTracker", "ClearMLTracker", "CometMLTracker", "DVCLiveTracker",
+           "SwanLabTracker", "TrackioTracker", "LOGGER_TYPE_TO_CLASS", "register_tracker_class", "available_trackers",
+           "get_available_trackers", "resolve_log_with", "filter_trackers", "start_tracker"]
 
-# name -> (module, class, package that must be installed, or None)
-_BACKENDS: dict[str, tuple[str, str, str | None]] = {
-    "jsonl": ("jsonl", "JSONLinesTracker", None),
-    "csv": ("csv", "CSVTracker", None),
-    "tensorboard": ("tensorboard", "TensorBoardTracker", "tensorboard|tensorboardX"),
-    "wandb": ("wandb", "WandBTracker", "wandb"),
-    "mlflow": ("mlflow", "MLflowTracker", "mlflow"),
+# Every name `log_with` accepts -> its class (Accelerate's dict: tests and libraries read and extend it).
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
+    "jsonl": JSONLinesTracker, "csv": CSVTracker, "tensorboard": TensorBoardTracker, "wandb": WandBTracker,
+    "mlflow": MLflowTracker, "aim": AimTracker, "comet_ml": CometMLTracker, "clearml": ClearMLTracker,
+    "dvclive": DVCLiveTracker, "swanlab": SwanLabTracker, "trackio": TrackioTracker,
 }
 
-
-def __getattr__(name: str) -> Any:  # the backend classes, imported on first use
-    for module, cls, _ in _BACKENDS.values():
-        if cls == name:
-            return getattr(importlib.import_module(f".{module}", __name__), cls)
-    raise AttributeError(f"module 'hasten.tracking' has no attribute {name!r}")
+# The built-in trackers that need a package: name -> the modules that provide it, any one will do.
+_PACKAGES: dict[str, tuple[str, ...]] = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",),
+                                         "mlflow": ("mlflow",)}
+_BUILT_IN = ("jsonl", "csv", "tensorboard", "wandb", "mlflow")  # what "all" may pick, in this order
 
 
-def _installed(package: str | None) -> bool:
-    return package is None or any(is_installed(p) for p in package.split("|"))
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Make a `GeneralTracker` subclass usable by its `name` in ``Accelerator(log_with=...)``.
+
+    The class needs a non-empty `name` and a `requires_logging_directory`
+    class attribute. `init_trackers` creates it as
+    ``tracker_class(project_name, **init_kwargs[name])``, with the logging
+    directory as second argument when it requires one. A name already
+    registered (a built-in one too) is replaced, with a warning.
+
+    Example:
+        >>> class Printer(GeneralTracker):
+        ...     name, requires_logging_directory = "printer", False
+        ...     def __init__(self, run_name, **kwargs):
+        ...         super().__init__()
+        >>> register_tracker_class(Printer)
+        >>> LOGGER_TYPE_TO_CLASS["printer"] is Printer
+        True
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise ValueError(f"register_tracker_class got {tracker_class!r}; pass a subclass of GeneralTracker (the class, "
+                         "not an instance).")
+    name = getattr(tracker_class, "name", None)
+    if not name:
+        raise ValueError(f"{tracker_class.__name__} has no `name` to register it under; set a non-empty class "
+                         "attribute `name`.")
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError(f"{tracker_class.__name__} must define the class attribute `requires_logging_directory`: "
+                         "True if it writes to the logging directory, else False.")
+    if name in LOGGER_TYPE_TO_CLASS:
+        warnings.warn(f"register_tracker_class replaces the tracker registered as '{name}' "
+                      f"({LOGGER_TYPE_TO_CLASS[name].__name__}) by {tracker_class.__name__}.", UserWarning,
+                      stacklevel=2)
+    LOGGER_TYPE_TO_CLASS[name] = tracker_class
+
+
+def _installed(name: str) -> bool:
+    modules = _PACKAGES.get(name)
+    return modules is None or any(is_installed(module) for module in modules)
 
 
 def available_trackers() -> list[str]:
-    """Names of the trackers whose packages are installed (what ``log_with="all"`` uses)."""
-    return [name for name, (_, _, package) in _BACKENDS.items() if _installed(package)]
+    """Names of the built-in trackers whose packages are installed (what ``log_with="all"`` uses).
+
+    Example:
+        >>> available_trackers()[:2]
+        ['jsonl', 'csv']
+    """
+    return [name for name in _BUILT_IN if _installed(name)]
 
 
-def tracker_class(name: str) -> type[GeneralTracker]:
-    module, cls, _ = _BACKENDS[name]
-    return getattr(importlib.import_module(f".{module}", __name__), cls)
+get_available_trackers = available_trackers  # Accelerate's name
+
+
+def _name_of(item: Any) -> str:
+    """The registry key a `log_with` entry names (exact first, as registered; else lower-case, as LoggerType)."""
+    name = item.value if isinstance(item, LoggerType) else str(item)
+    return name if name in LOGGER_TYPE_TO_CLASS else name.lower()
 
 
 def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[str | GeneralTracker]:
@@ -63,24 +116,24 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[str | Gener
         if isinstance(item, GeneralTracker):
             chosen.append(item)
             continue
-        name = item.value if isinstance(item, LoggerType) else str(item).lower()
+        name = _name_of(item)
         if name == "all":
             for found in available_trackers():
-                if not (tracker_class(found).requires_logging_directory and logging_dir is None):
+                if not (LOGGER_TYPE_TO_CLASS[found].requires_logging_directory and logging_dir is None):
                     chosen.append(found)
             continue
-        if name in {t.value for t in LoggerType} and name not in _BACKENDS:
-            raise NotImplementedError(f"log_with={name!r} is a tracker this hasten version does not integrate; "
-                                      f"use one of {sorted(_BACKENDS)} or pass a GeneralTracker subclass instance.")
-        if name not in _BACKENDS:
-            raise ValueError(f"log_with got an unknown tracker {item!r}; use one of {sorted(_BACKENDS)}, 'all', "
-                             "or a GeneralTracker instance.")
-        _, _, package = _BACKENDS[name]
-        if package is not None and not _installed(package):
-            raise ImportError(f"log_with={name!r} needs the {package.split('|')[0]} package, which is not installed: "
-                              f"pip install {package.split('|')[0]}")
-        if tracker_class(name).requires_logging_directory and logging_dir is None:
-            raise ValueError(f"log_with={name!r} writes files and needs a logging directory; pass "
+        cls = LOGGER_TYPE_TO_CLASS.get(name)
+        if cls is None:
+            raise ValueError(f"log_with got an unknown tracker {item!r}; use one of {sorted(LOGGER_TYPE_TO_CLASS)}, "
+                             "'all', a name given to register_tracker_class, or a GeneralTracker instance.")
+        if issubclass(cls, UnintegratedTracker):  # one of Accelerate's trackers hasten does not integrate
+            raise refusal(name, cls.package)
+        if not _installed(name):
+            module = _PACKAGES[name][0]
+            raise ImportError(f"log_with={name!r} needs the {module} package, which is not installed: "
+                              f"pip install {module}")
+        if cls.requires_logging_directory and logging_dir is None:
+            raise ValueError(f"Logging with `{name}` requires a `logging_dir` to be passed in: give "
                              "Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...).")
         chosen.append(name)
     unique: list[str | GeneralTracker] = []
@@ -90,11 +143,24 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[str | Gener
     return unique
 
 
+filter_trackers = resolve_log_with  # Accelerate's name
+
+
 def start_tracker(name: str, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]) -> GeneralTracker:
-    """Create the named tracker for `project_name` (what `init_trackers` does for each name)."""
-    cls: Any = tracker_class(name)  # a backend class: its own constructor arguments
+    """Create the tracker registered as `name` for `project_name` (what `init_trackers` does for each name).
+
+    The tracker is created, not started: the caller calls its `start()`.
+
+    Example:
+        >>> import tempfile
+        >>> start_tracker("jsonl", "run", tempfile.mkdtemp(), {}).path.name
+        'metrics.jsonl'
+    """
+    cls: Any = LOGGER_TYPE_TO_CLASS[name]  # each class has its own constructor arguments
     if cls.requires_logging_directory:
         return cls(project_name, logging_dir, **kwargs)
-    if logging_dir is not None and "logging_dir" in inspect.signature(cls).parameters:
+    if (logging_dir is not None and cls.__module__.startswith(f"{__name__}.")
+            and "logging_dir" in inspect.signature(cls).parameters):
+        # hasten's own trackers that can keep files (MLflow's store) put them in the logging directory
         kwargs = {"logging_dir": logging_dir, **kwargs}
     return cls(project_name, **kwargs)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+import functools
 import importlib.util
-from typing import Any
+from typing import Any, Callable
 
 from ..options import EnumWithContains
 
-__all__ = ["LoggerType", "GeneralTracker", "missing_package_error"]
+__all__ = ["LoggerType", "GeneralTracker", "on_main_process", "missing_package_error"]
 
 
 class LoggerType(str, enum.Enum, metaclass=EnumWithContains):
@@ -41,13 +42,51 @@ class LoggerType(str, enum.Enum, metaclass=EnumWithContains):
     TRACKIO = "trackio"
 
 
-class GeneralTracker:
-    """Base class of every tracker; subclass it to write your own and pass an instance to `log_with`.
+def _is_main_process() -> bool:
+    """Rank 0 of the launch, read from the launcher's environment (this layer sits below `PartialState`)."""
+    from ..process.topology import ProcessTopology
 
-    A subclass sets `name` and `requires_logging_directory`, and implements
-    `store_init_configuration`, `log` and (if needed) `finish`; `tracker`
-    returns the backend's own object. `main_process_only = False` makes the
-    Accelerator call it on every process.
+    try:
+        return ProcessTopology.from_env().rank == 0
+    except ValueError:  # variables that name no launch: a plain single process
+        return True
+
+
+def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a tracker method so it runs only on the main process when the tracker's `main_process_only` is set.
+
+    The check happens at each call, not at decoration, so creating a tracker
+    touches no process state (Accelerate's deferred start).
+
+    Example:
+        >>> class Printer(GeneralTracker):
+        ...     name, requires_logging_directory = "printer", False
+        ...     @on_main_process
+        ...     def log(self, values, step=None, **kwargs):
+        ...         print(values)
+        >>> Printer().log({"loss": 0.5})
+        {'loss': 0.5}
+    """
+
+    @functools.wraps(function)
+    def main_process_only(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "main_process_only", False) and not _is_main_process():
+            return None
+        return function(self, *args, **kwargs)
+
+    return main_process_only
+
+
+class GeneralTracker:
+    """Base class of every tracker; subclass it to write your own and pass an instance (or its registered name) to `log_with`.
+
+    A subclass sets the class attributes `name` and `requires_logging_directory`,
+    implements `store_init_configuration`, `log` and (if needed) `start` and
+    `finish`; `tracker` returns the backend's own object. Creating a tracker
+    only records its arguments: `Accelerator.init_trackers` calls `start()`
+    (where a backend opens its run) once the processes are set up. Trackers
+    run on the main process; `main_process_only = False` lets the methods
+    decorated with `on_main_process` run wherever they are called.
 
     Example:
         >>> class Printer(GeneralTracker):
@@ -59,18 +98,29 @@ class GeneralTracker:
         1 {'loss': 0.5}
     """
 
-    name: str = ""
-    requires_logging_directory: bool = False
+    # Declared, not defined: a subclass must define both (register_tracker_class and __init__ check).
+    name: str
+    requires_logging_directory: bool
     main_process_only: bool = True
 
     def __init__(self, _blank: bool = False) -> None:
-        if not _blank and not self.name:
-            raise NotImplementedError(f"{type(self).__name__} must set the class attribute `name`.")
+        if _blank:
+            return
+        missing = [attr for attr in ("name", "requires_logging_directory") if not hasattr(self, attr)]
+        if not getattr(self, "name", "x"):
+            missing.insert(0, "name")
+        if missing:
+            raise NotImplementedError(f"{type(self).__name__} must set the class attribute `{missing[0]}`"
+                                      + "".join(f" and `{m}`" for m in missing[1:])
+                                      + " in its class definition.")
 
     @property
     def tracker(self) -> Any:
         """The backend's own object (a SummaryWriter, a wandb run, ...)."""
         return None
+
+    def start(self) -> None:
+        """Open the backend's run; `Accelerator.init_trackers` calls it after the process group is set up."""
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record the run's hyper-parameters."""

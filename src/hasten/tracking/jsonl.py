@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import GeneralTracker
+from .base import GeneralTracker, on_main_process
 
 __all__ = ["JSONLinesTracker"]
 
@@ -36,6 +36,7 @@ class JSONLinesTracker(GeneralTracker):
     Example:
         >>> import tempfile
         >>> tracker = JSONLinesTracker("run", tempfile.mkdtemp())
+        >>> tracker.start()
         >>> tracker.log({"loss": 0.5}, step=1); tracker.finish()
     """
 
@@ -45,20 +46,27 @@ class JSONLinesTracker(GeneralTracker):
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str], **kwargs: Any) -> None:
         super().__init__()
         self.directory = Path(logging_dir) / run_name
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "metrics.jsonl"
+        self._file: Any = None
+
+    @on_main_process
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)  # line-buffered: each record reaches the file at once
 
     @property
     def tracker(self) -> Any:
         return self._file
 
+    @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         (self.directory / "config.json").write_text(json.dumps(_plain(values), indent=2, sort_keys=True))
 
+    @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         record = {"step": step, "time": time.time(), **_plain(values)}
         self._file.write(json.dumps(record) + "\n")
 
+    @on_main_process
     def finish(self) -> None:
         self._file.close()
