@@ -12,7 +12,7 @@ import contextlib
 import functools
 import os
 from datetime import timedelta
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, ClassVar, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,10 @@ class PartialState:
         >>> with state.main_process_first():
         ...     pass
     """
+
+    # Accelerate's shared-state dict, which scripts and its tests read: what the newest PartialState of this
+    # process set up, empty until one is created and after `_reset_state()` (each instance keeps its own settings).
+    _shared_state: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -94,6 +98,8 @@ class PartialState:
         if self.topology.is_distributed:
             start_watchdog()
         self._generation = _generation[0]
+        PartialState._shared_state.clear()
+        PartialState._shared_state.update(_cpu=self.cpu, device=self.device, backend=self.backend, debug=self.debug)
 
     def _check_alive(self, name: str) -> None:
         """A `PartialState` made before `PartialState._reset_state()` refuses to answer, as the peer's (whose state was cleared)."""
@@ -279,6 +285,7 @@ class PartialState:
             'NO'
         """
         _partial_facts.clear()
+        PartialState._shared_state.clear()
         _generation[0] += 1  # states made before refuse to answer (`_check_alive`); new ones read the environment
 
     def __repr__(self) -> str:
