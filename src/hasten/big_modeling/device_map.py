@@ -8,6 +8,7 @@ Devices are GPU indices (ints), "mps", "cpu" and "disk".
 from __future__ import annotations
 
 import logging
+import numbers
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
@@ -35,77 +36,44 @@ Entry = tuple[str, Any]  # (name, module or bare tensor) waiting for a device
 def _as_list(classes: Any) -> list[str]:
     if classes is None:
         return []
-    return list(classes) if isinstance(classes, (list, tuple, set)) else [classes]
+    return [classes] if isinstance(classes, str) else list(classes)
 
 
 def _inside(name: str, module: str) -> bool:
     return name == module or name.startswith(module + ".")
 
 
+def _under(name: str, key: str) -> bool:
+    # Accelerate's test, kept so the maps are its maps: `name` followed by a dot anywhere in `key` (so "1" also
+    # matches "11.weight" and "a.1.weight"); the planner and the fallback search share it
+    return name + "." in key + "."
+
+
+def _children(module: Any) -> list[tuple[str, Any]]:
+    return list(module.named_children()) if isinstance(module, nn.Module) else []
+
+
 def _splittable(module: Any, no_split: list[str]) -> bool:
-    return isinstance(module, nn.Module) and module.__class__.__name__ not in no_split and any(True for _ in module.children())
+    return bool(_children(module)) and module.__class__.__name__ not in no_split
 
 
 def _parts(name: str, module: nn.Module) -> list[Entry]:
-    """What a module is cut into: its own parameters, its children, its own buffers (so every tensor gets a device)."""
-    parts = [*module.named_parameters(recurse=False), *module.named_children(), *module.named_buffers(recurse=False)]
-    return [(f"{name}.{n}", v) for n, v in parts]
+    """What a module is cut into: its own parameters, then its children (its own buffers get no entry, as in Accelerate's maps)."""
+    return [(f"{name}.{n}", v) for n, v in [*module.named_parameters(recurse=False), *module.named_children()]]
 
 
 def _tied_outside(name: str, tied: list[list[str]]) -> list[str]:
     """Names tied to a parameter inside `name` that live outside it (they must go where `name` goes)."""
     outside: list[str] = []
     for group in tied:
-        inner = [_inside(member, name) for member in group]
+        inner = [_under(name, member) for member in group]
         if any(inner) and not all(inner):
             outside.extend(member for member, is_in in zip(group, inner) if not is_in)
     return outside
 
 
-def _with_ties(size: int, outside: list[str], sizes: Mapping[str, int], queue: list[Entry]) -> tuple[int, list[Entry]]:
-    """Size of a module plus the waiting modules that hold its tied twins, and those modules."""
-    holders: dict[str, Any] = {}
-    for tied_name in outside:
-        for entry_name, entry in queue:
-            if _inside(tied_name, entry_name):
-                holders.setdefault(entry_name, entry)
-                break
-    # a tied weight is counted once in `sizes` (under its first name), so adding whole holders double counts nothing
-    return size + sum(sizes.get(n, 0) for n in holders), list(holders.items())
-
-
 def _layers_of(queue: list[Entry]) -> list[Entry]:
     return [(n, m) for n, m in queue if isinstance(m, nn.Module)]
-
-
-def _fallback(queue: list[Entry], sizes: Mapping[str, int], room: int, no_split: list[str],
-              tied: list[list[str]]) -> tuple[Entry, list[Entry]] | None:
-    """Breadth-first search of the queue for a block that fits in `room`; returns it and the queue without it."""
-    search = list(queue)
-    found: Entry | None = None
-    while search:
-        name, module = search.pop(0)
-        needed, _ = _with_ties(sizes.get(name, 0), _tied_outside(name, tied), sizes, search)
-        if needed <= room:
-            found = (name, module)
-            break
-        if _splittable(module, no_split):
-            search = _parts(name, module) + search
-    if found is None:
-        return None
-    name = found[0]
-    rest = list(queue)
-    # cut open every ancestor of the found block that is still whole in the queue, then take the block out
-    cut = True
-    while cut:
-        cut = False
-        for i, (entry_name, entry) in enumerate(rest):
-            if entry_name != name and _inside(name, entry_name):
-                rest[i:i + 1] = _parts(entry_name, entry)
-                cut = True
-                break
-    rest = [(n, m) for n, m in rest if n != name]
-    return found, rest
 
 
 def get_module_size_with_ties(tied_params: list[str], module_size: int, module_sizes: Mapping[str, int],
@@ -113,9 +81,10 @@ def get_module_size_with_ties(tied_params: list[str], module_size: int, module_s
     """Bytes a module needs with the waiting modules holding its tied twins, and those modules' names and objects.
 
     `tied_params` names the twins outside the module; `modules_to_treat` is
-    the queue of ``(name, module)`` still waiting for a device. A holder is
-    counted once however many twins it holds, and a tied weight is counted
-    once in `module_sizes` (under its first name), so nothing counts twice.
+    the queue of ``(name, module)`` still waiting for a device. Each twin
+    adds its holder's size less its own (the twin is the module's weight,
+    already counted), and names its holder once per twin, as Accelerate
+    does. A twin whose holder is no longer waiting adds nothing.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)); net[1].weight = net[0].weight
@@ -123,8 +92,15 @@ def get_module_size_with_ties(tied_params: list[str], module_size: int, module_s
         >>> get_module_size_with_ties(["1.weight"], sizes["0"], sizes, list(net.named_children())[1:])[:2]
         (32, ['1'])
     """
-    needed, holders = _with_ties(module_size, list(tied_params), module_sizes, list(modules_to_treat))
-    return needed, [name for name, _ in holders], [module for _, module in holders]
+    needed, names, modules = module_size, [], []
+    for twin in tied_params:
+        holder = next(((n, m) for n, m in modules_to_treat if twin.startswith(n + ".")), None)
+        if holder is None:
+            continue
+        names.append(holder[0])
+        modules.append(holder[1])
+        needed += module_sizes.get(holder[0], 0) - module_sizes.get(twin, 0)
+    return needed, names, modules
 
 
 def fallback_allocate(modules: list[Entry], module_sizes: Mapping[str, int], size_limit: int | str,
@@ -134,8 +110,8 @@ def fallback_allocate(modules: list[Entry], module_sizes: Mapping[str, int], siz
 
     Returns its name, the block, and `modules` with every ancestor of it cut
     into its parts and the block taken out; ``(None, None, modules)`` when
-    nothing fits. `infer_auto_device_map(fallback_allocation=True)` uses it
-    to put something on a device that would otherwise stay empty.
+    nothing fits (a negative limit fits nothing). `infer_auto_device_map(fallback_allocation=True)`
+    uses it to put something on a device that would otherwise stay empty.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(100, 100), nn.Linear(2, 2))
@@ -143,12 +119,33 @@ def fallback_allocate(modules: list[Entry], module_sizes: Mapping[str, int], siz
         >>> name, [n for n, _ in rest]
         ('1', ['0'])
     """
-    found = _fallback(list(modules), module_sizes, _parse_size(size_limit, "size_limit"),
-                      _as_list(no_split_module_classes), list(tied_parameters or []))
+    if isinstance(size_limit, numbers.Real) and size_limit < 0:
+        return None, None, modules
+    limit = _parse_size(size_limit, "size_limit")
+    no_split = _as_list(no_split_module_classes)
+    tied = list(tied_parameters or [])
+    search = list(modules)
+    found: Entry | None = None
+    while search:
+        name, module = search.pop(0)
+        needed, _, _ = get_module_size_with_ties(_tied_outside(name, tied), module_sizes.get(name, 0), module_sizes, search)
+        if needed <= limit:
+            found = (name, module)
+            break
+        if _splittable(module, no_split):
+            search = _parts(name, module) + search
     if found is None:
         return None, None, modules
-    (name, block), rest = found
-    return name, block, rest
+    name = found[0]
+    rest = list(modules)
+    # cut open every ancestor of the block still whole in the list, outermost first, then take the block out
+    for at in (i for i, c in enumerate(name) if c == "."):
+        names = [n for n, _ in rest]
+        if name[:at] in names:
+            i = names.index(name[:at])
+            rest[i:i + 1] = _parts(*rest[i])
+    i = [n for n, _ in rest].index(name)
+    return name, rest.pop(i)[1], rest
 
 
 def get_module_leaves(module_sizes: Mapping[str, int]) -> list[str]:
@@ -177,14 +174,17 @@ def infer_auto_device_map(
 ) -> OrderedDict[str, int | str]:
     """Plan where each module of `model` goes: GPUs in order, then "cpu", then "disk", within `max_memory`.
 
-    Modules are taken in definition order and put on the current device
-    while they fit; one that does not fit is cut into its children (never a
-    module whose class name is in `no_split_module_classes`), else the next
-    device is used. The first GPU and the CPU keep room for the largest
-    block, which is where offloaded blocks run. Tied parameters stay
-    together. With `fallback_allocation`, a device that would stay empty
-    first takes some smaller block that fits. "disk" is always the last
-    resort and unlimited unless `max_memory` gives it a budget.
+    The map is Accelerate's for the same arguments. Modules are taken in
+    definition order and put on the current device while they fit; one that
+    does not fit is cut into its parameters and children (never a module
+    whose class name is in `no_split_module_classes`), else the next device
+    is used. The first GPU and the CPU keep room for the largest block,
+    which is where offloaded blocks run. Tied parameters stay together. With
+    `fallback_allocation`, a device that would stay empty first takes some
+    smaller block that fits. "disk" is the last resort, unlimited unless
+    `max_memory` gives it a budget (hasten honours one; Accelerate ignores it).
+    Buffers of blocks on cpu/disk that would fit on no GPU are warned about
+    unless `offload_buffers`.
 
     Example:
         >>> net = nn.Sequential(*[nn.Linear(100, 100) for _ in range(4)])  # 40400 bytes per layer
@@ -202,13 +202,13 @@ def infer_auto_device_map(
 
     device_map: OrderedDict[str, int | str] = OrderedDict()
     used = dict.fromkeys(devices, 0)
-    buffers_off_gpu = 0
+    buffers_on: dict[Any, int] = {}
     first_need: dict[Any, int] = {}
     current = 0
-    largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
+    largest, largest_names = get_max_layer_size(queue, sizes, no_split)
     while queue:
         name, module = queue.pop(0)
-        largest_names = [n for n in largest_names if not _inside(n, name)]
+        largest_names = [n for n in largest_names if n != name and not n.startswith(name + ".")]
         if not largest_names:  # the largest block was just taken: the reserve can shrink
             largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
         device = devices[current]
@@ -216,37 +216,40 @@ def infer_auto_device_map(
         room = None if device == "disk" and "disk" not in budgets else budgets[device] - reserve
         size = sizes.get(name, 0)
         outside = _tied_outside(name, tied)
-        needed, holders = _with_ties(size, outside, sizes, queue)
+        needed, holder_names, holders = get_module_size_with_ties(outside, size, sizes, queue)
         if verbose:
-            print(f"{name} needs {needed} bytes; {device} has {'unlimited' if room is None else room - used[device]} left.")
+            left = "unlimited" if room is None else room - used[device]
+            print(f"{name} needs {needed} bytes (with its tied twins {holder_names}); {device} has {left} left.")
 
         if room is None or used[device] + needed <= room:
             used[device] += needed
             device_map[name] = device
-            for holder_name, _ in holders:
-                device_map[holder_name] = device
-            queue = [(n, m) for n, m in queue if n not in dict(holders)]
-            if not offload_buffers and device in ("cpu", "disk") and isinstance(module, nn.Module):
-                buffers_off_gpu += compute_module_total_buffer_size(module, dtype=dtype, special_dtypes=special_dtypes)
+            for holder in holder_names:
+                queue = [(n, m) for n, m in queue if n != holder]
+                device_map[holder] = device
+            if not offload_buffers and isinstance(module, nn.Module):
+                buffers_on[device] = buffers_on.get(device, 0) + compute_module_total_buffer_size(
+                    module, dtype=dtype, special_dtypes=special_dtypes)
             continue
 
-        if holders and used[device] + size <= room:
-            # the module fits without its tied twins: cut the first twin that can be cut, and retry
-            cuttable = next(((n, m) for n, m in holders if _splittable(m, no_split)), None)
+        if outside and used[device] + size <= room:
+            # the module fits without its tied twins: cut the first twin's holder that can be cut, and retry
+            cuttable = next(((n, m) for n, m in zip(holder_names, holders) if _splittable(m, no_split)), None)
             if cuttable is not None:
                 at = next(i for i, (n, _) in enumerate(queue) if n == cuttable[0])
                 queue = [(name, module), *queue[:at], *_parts(*cuttable), *queue[at + 1:]]
                 largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
                 continue
-        elif _splittable(module, no_split):
+        if used[device] + size >= room and _splittable(module, no_split):
             queue = [*_parts(name, module), *queue]
             largest, largest_names = get_max_layer_size(_layers_of(queue), sizes, no_split)
             continue
 
         if fallback_allocation and used[device] == 0 and device != "disk":
-            found = _fallback(queue, sizes, budgets[device] - max(largest, needed), no_split, tied)
-            if found is not None:
-                queue = [found[0], (name, module), *found[1]]
+            # some smaller block that fits beside the reserve (and beside this module, which comes back next)
+            found = fallback_allocate(queue, sizes, budgets[device] - max(largest, needed), no_split, tied)
+            if found[1] is not None:
+                queue = [(cast(str, found[0]), found[1]), (name, module), *found[2]]
                 continue
 
         if used[device] == 0:
@@ -255,16 +258,21 @@ def infer_auto_device_map(
             budget_text = ", ".join(f"{d}: {budgets[d]}" for d in budgets)
             raise ValueError(f"{name!r} needs {needed} bytes and fits on no device of max_memory ({budget_text} bytes, "
                              f"{reserve} of {device}'s kept for the largest block); raise a budget or leave 'disk' unlimited.")
+        used[device] += reserve  # the room kept for offloaded blocks counts as used when GPUs are checked for buffers
         current += 1
         queue.insert(0, (name, module))
 
+    if clean_result:
+        clean_device_map(device_map)  # in place, so the map stays the OrderedDict built above
+    off_gpu = buffers_on.get("cpu", 0) + buffers_on.get("disk", 0)
+    if gpus and off_gpu and not any(budgets[g] >= used.get(g, 0) + off_gpu for g in budgets if g not in ("cpu", "disk")):
+        warnings.warn(f"Current model requires {off_gpu} bytes of buffer for the modules offloaded to cpu/disk, which fit "
+                      "on no GPU beside its weights; if you run out of GPU memory, pass offload_buffers=True.", stacklevel=2)
     if first_need:
-        _log.info("devices left empty (bytes their first module needed): %s", first_need)
-    if gpus and buffers_off_gpu and not any(budgets[g] >= used.get(g, 0) + buffers_off_gpu for g in gpus):
-        warnings.warn(f"the buffers of modules on cpu/disk ({buffers_off_gpu} bytes) fit on no GPU next to its weights; "
-                      "pass offload_buffers=True to offload them too.", stacklevel=2)
-    # clean_device_map merges in place, so the map stays the OrderedDict built above
-    return cast("OrderedDict[str, int | str]", clean_device_map(device_map)) if clean_result else device_map
+        needs = ", ".join(f"{device}: {need} bytes" for device, need in first_need.items())
+        _log.info("no module could be put on these devices for insufficient memory (what the first one needed, with the "
+                  "reserve for offloaded blocks): %s; give them at least that much or change the model.", needs)
+    return device_map
 
 
 def get_balanced_memory(
@@ -315,19 +323,31 @@ def get_balanced_memory(
     mean_leaf = int(sum(sizes[n] for n in leaves) / max(len(leaves), 1))
     share += int(1.25 * max(block, mean_leaf))
 
+    # as Accelerate: low_zero means GPU index 0 (even when it is not the first GPU with memory), and the others are
+    # counted as indices 1 .. count-1
     for gpu in gpus[:-1]:  # the last GPU keeps its whole budget in case the margin was not enough
-        budgets[gpu] = min(budgets[gpus[0]] if low_zero and gpu == gpus[0] else share, budgets[gpu])
-    if low_zero:
-        budgets[gpus[0]] = min(max(0, sizes[""] - sum(budgets[g] for g in gpus[1:])), budgets[gpus[0]])
+        budgets[gpu] = min(budgets[gpu] if low_zero and gpu == 0 else share, budgets[gpu])
+    if low_zero and 0 in budgets:
+        budgets[0] = min(max(0, sizes[""] - sum(budgets.get(g, 0) for g in range(1, len(gpus)))), budgets[0])
     return budgets
 
 
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
-    """Raise unless `device_map` gives a device to every tensor of `model`'s state dict.
+    """Raise unless `device_map` gives a device to every tensor of `model`'s state dict; warn about keys naming nothing.
+
+    A key must name a submodule or a tensor of `model` ("" names the whole
+    model); others are listed in one `UserWarning` (they place nothing).
 
     Example:
         >>> check_device_map(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), {"0": "cpu", "1": "disk"})
     """
+    known = {name for name, _ in model.named_modules(remove_duplicate=False)}
+    known.update(name for name, _ in model.named_parameters(remove_duplicate=False))
+    known.update(name for name, _ in model.named_buffers(remove_duplicate=False))
+    invalid = [key for key in device_map if key not in known]
+    if invalid:
+        warnings.warn(f"These device_map keys do not match any submodules (nor tensors) of the model and place nothing: "
+                      f"{invalid}; check their spelling against model.named_modules().", UserWarning, stacklevel=2)
     if "" in device_map:
         return
     uncovered = [name for name in model.state_dict() if not any(_inside(name, key) for key in device_map)]

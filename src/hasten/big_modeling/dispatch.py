@@ -78,8 +78,11 @@ def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
 def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
     """Create the parameters (and buffers with `include_buffers=True`) of new modules on `device`.
 
-    Works by patching `nn.Module.register_parameter` (and `register_buffer`)
-    for the duration of the block; the originals come back on exit, errors included.
+    With `include_buffers=True` the block runs inside torch's own device
+    context (``with torch.device(device):``), so every tensor created there
+    lands on `device` and nothing of torch is patched. Otherwise only
+    `nn.Module.register_parameter` is patched for the duration of the block;
+    the original comes back on exit, errors included.
 
     Example:
         >>> with init_on_device("cpu"):
@@ -90,8 +93,12 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
     if include_buffers is None:
         include_buffers = _include_buffers_default()
     device = torch.device(device)
+    if include_buffers:
+        # torch's device context places parameters, buffers and bare tensors alike, as Accelerate does on torch >= 2
+        with device:
+            yield
+        return
     original_parameter = nn.Module.register_parameter
-    original_buffer = nn.Module.register_buffer
 
     def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original_parameter(module, name, param)
@@ -109,19 +116,11 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
             new.__dict__.update(extra)
             module._parameters[name] = new
 
-    def register_buffer(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
-        original_buffer(module, name, tensor, persistent=persistent)
-        if tensor is not None:
-            module._buffers[name] = cast(torch.Tensor, module._buffers[name]).to(device)
-
     try:
         setattr(nn.Module, "register_parameter", register_parameter)
-        if include_buffers:
-            setattr(nn.Module, "register_buffer", register_buffer)
         yield
     finally:
         setattr(nn.Module, "register_parameter", original_parameter)
-        setattr(nn.Module, "register_buffer", original_buffer)
 
 
 def _first_parameter_device(model: nn.Module) -> torch.device:

@@ -448,4 +448,6 @@ def _report(model: nn.Module, checkpoint: Any, expected: Mapping[str, Any], load
     message = f"the checkpoint at {checkpoint} does not match {type(model).__name__}: {what}."
     if strict:
         raise ValueError(message + " Load it with strict=False to accept that.")
-    logger.warning(message + " Missing weights keep what the model had (nothing, for tensors on meta).")
+    unused = f" Its unexpected weights were not used when initializing {type(model).__name__}." if unexpected else ""
+    kept = " Missing weights keep what the model had (nothing, for tensors on meta)." if missing else ""
+    logger.warning(message + unused + kept)

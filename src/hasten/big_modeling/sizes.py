@@ -6,6 +6,7 @@ memory can be measured and planned before a single weight is read.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import os
@@ -33,6 +34,7 @@ __all__ = [
     "set_module_tensor_to_device",
 ]
 
+_log = logging.getLogger(__name__)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]I?B|B)?\s*", re.IGNORECASE)
@@ -328,10 +330,11 @@ def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[in
         converted[device] = _parse_size(value, f"max_memory[{key!r}]")
     gpus = sorted(k for k in converted if isinstance(k, int))
     present = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [gpu for gpu in gpus if gpu >= present]
+    missing = [gpu for gpu in gpus if gpu >= present or gpu < 0]
     if missing:
-        # planning for GPUs that are not here is legitimate (a map for another machine), so only a warning
-        warnings.warn(f"max_memory names GPU(s) {missing} but this machine has {present}; the plan is computed anyway.", stacklevel=2)
+        # planning for GPUs that are not here is legitimate (a map for another machine): a log line, as Accelerate's,
+        # not a Python warning (callers count those: infer_auto_device_map's buffer warning)
+        _log.warning("max_memory names GPU(s) %s but this machine has %d; the plan is computed anyway.", missing, present)
     return {key: converted[key] for key in [*gpus, *(k for k in ("mps", "cpu", "disk") if k in converted)]}
 
 
@@ -388,7 +391,9 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
         if value is not None:
             value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
             if value.shape != old.shape:
-                raise ValueError(f"{tensor_name!r} has shape {tuple(old.shape)} in the model but the value given has shape {tuple(value.shape)}.")
+                # Accelerate's exact sentence: libraries and tests compare it whole
+                raise ValueError(f'Trying to set a tensor of shape {value.shape} in "{leaf}" (which has shape {old.shape}), '
+                                 "this looks incorrect.")
             if dtype is None:
                 value = value.to(old.dtype)  # what load_state_dict does: the model's dtype wins
             elif not str(value.dtype).startswith(_NEVER_CAST):
