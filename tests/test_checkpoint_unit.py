@@ -214,7 +214,7 @@ def test_saving_over_foreign_files_is_refused(tmp_path):
 
 def test_register_for_checkpointing_needs_state_dict():
     accelerator = Accelerator(cpu=True)
-    with pytest.raises(ValueError, match=r"#1 \(object\) lack them"):
+    with pytest.raises(ValueError, match=r"Item at index 1 \(object\) lack them"):
         accelerator.register_for_checkpointing(Counter(), object())
     assert accelerator._custom_objects == []
 

@@ -5,8 +5,10 @@
   accuracy through ``gather_for_metrics``.
 - ``diffusers_client.py`` (diffusers' train_unconditional style):
   ``save_state`` inside ``if accelerator.is_main_process:``, save/load hooks
-  behind ``accelerate.__version__ >= 0.16.0`` writing the model to ``unet/``,
-  resume from a mid-run checkpoint.
+  behind ``accelerate.__version__ >= 0.16.0`` writing the model to ``unet/``
+  with ``save_pretrained`` on the models they receive (as diffusers' hooks do),
+  resume from a mid-run checkpoint; with ``--diffusers_unet``, diffusers' own
+  ``UNet2DModel`` under the accelerate switch.
 
 Per step: the rows of each rank's batch, the RNG digest, loss and learning
 rate (``float.hex``), the sync flags; bit-identical, as in the matrix.
@@ -67,6 +69,11 @@ def test_diffusers_client_checkpoints_like_accelerate(runs: Runs, nproc: int) ->
     """Saved by the main process alone (no hang), at the same steps, same files (model in unet/), same values."""
     peer, ours = pair(runs, "diffusers_client", nproc)
     same(peer, ours, "setup", ("hooks",))  # `accelerate.__version__ >= 0.16.0` registers the hooks under both
+    same_checkpoints(peer, ours)
+
+
+def same_checkpoints(peer: Run, ours: Run) -> None:
+    """The checkpoints each run saved: the same folders, files and values."""
     same(peer, ours, "saved", ("path", "step"))
     problems = []
     for record in peer.of("saved"):
@@ -84,8 +91,32 @@ def test_diffusers_client_checkpoints_like_accelerate(runs: Runs, nproc: int) ->
             if found:
                 problems.append(f"{record['path']}/{name}{found}")
     if problems:
-        pytest.fail(f"{nproc} process(es), checkpoints differ from Accelerate's:\n" + "\n".join(problems),
-                    pytrace=False)
+        pytest.fail(f"{ours.name} on {ours.nproc} process(es), checkpoints differ from Accelerate's:\n"
+                    + "\n".join(problems), pytrace=False)
+
+
+@pytest.mark.multiprocess
+def test_diffusers_unet_hooks_get_what_accelerate_hands_them(runs: Runs) -> None:
+    """diffusers' own UNet2DModel, 2 processes, hooks as diffusers writes them (``model.save_pretrained`` on what
+    they receive: the bare model under DDP, as Accelerate's ``_models`` holds it), unchanged under the switch:
+    the same steps, checkpoints and resume from Accelerate's checkpoint as under Accelerate."""
+    args = ("--cpu", "--diffusers_unet")
+    peer = runs.script("diffusers_client", PEER, 2, *args)
+    peer.check()
+    ours = runs.script("diffusers_client", HASTEN, 2, *args, switch=True)
+    ours.check()
+    same(peer, ours, "step", STEP_FIELDS)
+    same(peer, ours, "final", ("params",))
+    same_checkpoints(peer, ours)
+    assert (ours.out / "checkpoint-4" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+    peer_resumed = runs.script("diffusers_client", PEER, 2, *args, resume_from="checkpoint-4")
+    peer_resumed.check()
+    ours_resumed = runs.script("diffusers_client", HASTEN, 2, *args, resume_from="checkpoint-4", checkpoints_of=PEER,
+                               switch=True)
+    ours_resumed.check()
+    same(peer_resumed, ours_resumed, "loaded", ("path", "lr"))
+    same(peer_resumed, ours_resumed, "step", STEP_FIELDS)
+    same(peer_resumed, ours_resumed, "final", ("params",))
 
 
 @pytest.mark.parametrize("nproc", PROCESSES)

@@ -14,7 +14,6 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from ..runtime.state import PartialState
 from ..core.saving import save as _write
 
@@ -45,5 +44,8 @@ def save(obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, s
     if not writes_shared_files(save_on_each_node):
         return
     if safe_serialization and isinstance(obj, OrderedDict):
+        # imported here: big-model code is not needed until a state dict is saved (import cost is a feature)
+        from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
+
         obj = clean_state_dict_for_safetensors(obj)
     _write(obj, f, safe_serialization=safe_serialization)

@@ -47,6 +47,26 @@ def _training_progress(accelerator: "weakref.ref[CheckpointPart]") -> Callable[[
     return progress
 
 
+class _SaveState:
+    """The preemption watch's save: the Accelerator's `save_state`, through a weak reference.
+
+    No reference cycle, so a deleted Accelerator is freed at once (with its
+    loaders), as Accelerate's is; it pickles with the Accelerator.
+    """
+
+    def __init__(self, owner: CheckpointPart) -> None:
+        self._owner = weakref.ref(owner)
+
+    def __call__(self) -> str:
+        owner = self._owner()
+        if owner is None:
+            raise RuntimeError("the Accelerator this preemption watch saves is gone; nothing can be saved.")
+        return owner.save_state()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self._owner(),)
+
+
 class CheckpointPart:
     """`save_state` / `load_state`, registered objects, hooks, `save_model`, `get_state_dict`.
 
@@ -86,7 +106,7 @@ class CheckpointPart:
 
         watchdog.set_progress(_training_progress(weakref.ref(self)))
         # Batch boundaries of the training loader: preemption (with automatic naming) and restart progress.
-        self._boundary_watch = BoundaryWatch(lambda: self.save_state(), self._process_facts(),
+        self._boundary_watch = BoundaryWatch(_SaveState(self), self._process_facts(),
                                              preemption=self.project_configuration.automatic_checkpoint_naming,
                                              progress_file=os.environ.get(PROGRESS_ENV))
         self._boundary_watch.install(self.gradient_state)
@@ -139,9 +159,9 @@ class CheckpointPart:
             >>> accelerator = Accelerator(cpu=True)
             >>> accelerator.register_for_checkpointing(torch.nn.Linear(2, 2))
         """
-        invalid = [f"#{i} ({type(obj).__name__})" for i, obj in enumerate(objects)
+        invalid = [f"Item at index {i} ({type(obj).__name__})" for i, obj in enumerate(objects)
                    if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
-        if invalid:
+        if invalid:  # "Item at index N": the words Accelerate's message uses, which its tests match
             raise ValueError(
                 f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
                 f"{', '.join(invalid)} lack them. Give them both methods (or wrap them in an object that has them)."
@@ -283,9 +303,17 @@ class CheckpointPart:
             >>> import os; os.listdir(folder)
             ['model.safetensors']
         """
+        from ..big_modeling.model_helpers import get_state_dict_offloaded_model, has_offloaded_params
         from ..checkpointing.model_files import write_model_files
 
-        state = self.get_state_dict(model)
+        if any(has_offloaded_params(module) for module in model.modules()):
+            # weights kept on cpu/disk by hooks: brought in one module at a time, so the files hold the real values
+            state = get_state_dict_offloaded_model(model)
+        else:
+            if any(param.is_meta for param in model.parameters()):
+                raise RuntimeError("You can't save the model since some parameters are on the meta device; load "
+                                   "them first (load_checkpoint_in_model) or save the model they were loaded into.")
+            state = self.get_state_dict(model)
         if self.state.is_main_process:
             if os.path.isfile(save_directory):
                 raise ValueError(f"save_model needs a directory, but {save_directory} is a file.")

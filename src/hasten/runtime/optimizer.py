@@ -78,7 +78,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         # Bound once: the strategy (and its precision) decide how a step and a zero_grad are done.
         self._step = strategy.optimizer_step
         self._zero_grad = strategy.zero_grad
-        self.step_was_skipped = False
+        self._is_overflow = False  # Accelerate's name for it: libraries and its tests set and read it
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """True when the last `step` was skipped because fp16 loss scaling found inf/NaN gradients."""
+        return self._is_overflow
 
     # -- delegation -----------------------------------------------------------
     @property
@@ -139,7 +144,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         if not self.gradient_state.sync_gradients:
-            self.step_was_skipped = False
+            self._is_overflow = False
             return None
-        result, self.step_was_skipped = self._step(self.optimizer, closure)
+        result, self._is_overflow = self._step(self.optimizer, closure)
         return result

@@ -9,11 +9,18 @@ and timesteps drawn from the global RNG each step, ``accelerator.accumulate``,
 the model in a ``unet/`` subfolder, registered only when
 ``accelerate.__version__ >= 0.16.0`` (as those scripts check).
 ``--resume_from_checkpoint latest`` continues from the newest checkpoint,
-skipping the batches already done.
+skipping the batches already done. The hooks are written as diffusers'
+scripts write them: they call ``save_pretrained`` on the models they
+receive and load with ``from_pretrained`` + ``register_to_config`` +
+``load_state_dict`` (no ``unwrap_model``), so they need what Accelerate
+hands them: the bare model, also under DDP.
 
 The model is a small convolutional net with ``save_pretrained`` /
-``from_pretrained`` in diffusers' folder layout (``config.json`` +
-``diffusion_pytorch_model.safetensors``), so diffusers need not be installed.
+``from_pretrained`` / ``register_to_config`` in diffusers' folder layout
+(``config.json`` + ``diffusion_pytorch_model.safetensors``), so diffusers need
+not be installed; ``--diffusers_unet`` trains diffusers' own tiny
+``UNet2DModel`` instead (run it unchanged under hasten's accelerate switch, so
+diffusers itself gets hasten too).
 
 Run it::
 
@@ -60,6 +67,9 @@ class TinyUNet(torch.nn.Module):
         h = F.silu(self.conv_in(x) + self.embed(t)[:, :, None, None])
         return self.conv_out(self.dropout(h))
 
+    def register_to_config(self, **config):
+        self.config.update(config)
+
     def save_pretrained(self, folder):
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
@@ -101,6 +111,8 @@ def parse_args(argv=None):
     parser.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-N folder name, or 'latest'")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--num_train_timesteps", type=int, default=50)
+    parser.add_argument("--diffusers_unet", action="store_true", help="train diffusers' UNet2DModel (tiny)")
     return parser.parse_args(argv)
 
 
@@ -114,25 +126,39 @@ def main():
         records.write(json.dumps(fields) + "\n")
         records.flush()
 
+    model_class = TinyUNet
+    if args.diffusers_unet:
+        from diffusers import UNet2DModel as model_class
+
     if version.parse(accelerate.__version__) >= version.parse("0.16.0"):
         def save_model_hook(models, weights, output_dir):
             if accelerator.is_main_process:
-                for model in models:
-                    accelerator.unwrap_model(model).save_pretrained(os.path.join(output_dir, "unet"))
-                    weights.pop()  # saved here: Accelerate must not save it again
+                for i, model in enumerate(models):
+                    model.save_pretrained(os.path.join(output_dir, "unet"))
+                    # make sure to pop weight so that corresponding model is not saved again
+                    weights.pop()
 
         def load_model_hook(models, input_dir):
-            for _ in range(len(models)):
-                model = models.pop()  # loaded here: Accelerate must not load it again
-                loaded = TinyUNet.from_pretrained(input_dir, subfolder="unet")
-                accelerator.unwrap_model(model).load_state_dict(loaded.state_dict())
+            for i in range(len(models)):
+                # pop models so that they are not loaded again
+                model = models.pop()
+                # load diffusers style into model
+                load_model = model_class.from_pretrained(input_dir, subfolder="unet")
+                model.register_to_config(**load_model.config)
+                model.load_state_dict(load_model.state_dict())
+                del load_model
 
         accelerator.register_save_state_pre_hook(save_model_hook)
         accelerator.register_load_state_pre_hook(load_model_hook)
     record(k="setup", hooks=version.parse(accelerate.__version__) >= version.parse("0.16.0"))
 
     set_seed(args.seed)
-    model = TinyUNet()
+    if args.diffusers_unet:  # diffusers' own model, tiny
+        model = model_class(sample_size=8, in_channels=1, out_channels=1, layers_per_block=1, block_out_channels=(8, 16),
+                            down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
+                            norm_num_groups=4)
+    else:
+        model = TinyUNet(timesteps=args.num_train_timesteps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=1e-2)
     train_dataloader = DataLoader(Images(), batch_size=args.train_batch_size, shuffle=True)
     lr_scheduler = get_scheduler("cosine", optimizer=optimizer,
@@ -166,14 +192,14 @@ def main():
             rng = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:10]
             clean_images = batch["input"]
             noise = torch.randn(clean_images.shape).to(clean_images.device)
-            timesteps = torch.randint(0, model_config(model)["timesteps"], (clean_images.shape[0],),
-                                      device=clean_images.device)
-            alpha = (1 - timesteps.float() / model_config(model)["timesteps"])[:, None, None, None]
+            timesteps = torch.randint(0, args.num_train_timesteps, (clean_images.shape[0],), device=clean_images.device)
+            alpha = (1 - timesteps.float() / args.num_train_timesteps)[:, None, None, None]
             noisy_images = alpha.sqrt() * clean_images + (1 - alpha).sqrt() * noise
 
             norm = None
             with accelerator.accumulate(model):
                 noise_pred = model(noisy_images, timesteps)
+                noise_pred = getattr(noise_pred, "sample", noise_pred)  # diffusers' models return an output object
                 loss = F.mse_loss(noise_pred, noise)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
@@ -200,9 +226,6 @@ def main():
     record(k="done")
     accelerator.end_training()
 
-
-def model_config(model):
-    return getattr(model, "module", model).config
 
 
 if __name__ == "__main__":
