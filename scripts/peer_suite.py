@@ -141,6 +141,7 @@ class Report:
 
     table: list[tuple[str, int, int]]
     unexpected: list[tuple[str, str]]   # (node, outcome here) for tests that pass under Accelerate
+    not_importing: list[str]            # test files whose collection failed
     now_passing: list[str]              # listed as expected to fail, yet passed
     passed: int
     reference: int
@@ -162,7 +163,8 @@ def compare(runs: list[FileRun], baseline: dict[str, str], expected: dict[str, d
             if outcomes.get(node) != "passed" and node not in expected:
                 unexpected.append((node, outcomes.get(node, "not run")))
         now_passing += [n for n in expected if n.split("::")[0] == path and outcomes.get(n) == "passed"]
-    return Report(table, unexpected, now_passing, passed, reference)
+    not_importing = sorted({node.split("::")[0] for node, outcome in outcomes.items() if outcome == "collect-error"})
+    return Report(table, unexpected, not_importing, now_passing, passed, reference)
 
 
 def print_report(report: Report, runs: list[FileRun], expected: dict[str, dict[str, str]]) -> None:
@@ -172,6 +174,8 @@ def print_report(report: Report, runs: list[FileRun], expected: dict[str, dict[s
         print(f"{path:<58} {f'{here}/{reference}':>16} {seconds[path]:6.0f}s")
     listed = sum(1 for n in expected if any(n.split('::')[0] == r.path for r in runs))
     print(f"{'all':<58} {f'{report.passed}/{report.reference}':>16}   ({listed} listed as expected differences)")
+    for path in report.not_importing:
+        print(f"DOES NOT IMPORT: {path}")
     for node, outcome in report.unexpected:
         print(f"UNEXPECTED {outcome}: {node}")
     for node in report.now_passing:
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             if run.path in bad:
                 print(f"\n===== {run.path} (exit {run.returncode}) =====\n{run.tail}")
     print_report(report, runs, expected)
-    return 1 if report.unexpected or report.now_passing else 0
+    return 1 if report.unexpected or report.now_passing or report.not_importing else 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@ def pytest_runtest_logreport(report) -> None:  # type: ignore[no-untyped-def]
         _outcomes[node] = "passed"
 
 
+def pytest_collectreport(report) -> None:  # type: ignore[no-untyped-def]
+    if report.failed:  # a test file that does not even import
+        _outcomes[report.nodeid or "<collection>"] = "collect-error"
+
+
 def pytest_sessionfinish(session) -> None:  # type: ignore[no-untyped-def]
     path = os.environ.get("PEER_SUITE_RECORD")
     if path:

@@ -1,0 +1,72 @@
+"""Accelerate 1.15's own test suite, unchanged, passes under hasten's accelerate switch (`scripts/peer_suite.py`).
+
+The suite is not part of this repository: it is read from `../shared/accelerate-1.15-tests` (Accelerate's
+`tests/` folder verbatim, with the outcome of every test under Accelerate 1.15.0 itself on this machine kind).
+Every test that passes there must pass here, except those listed, each with its reason and the page that
+documents the difference, in `tests/peer_suite_expected.yaml`; that list may only shrink (a listed test that
+passes fails this test until it is taken out). Every file of the suite must import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import peer_suite  # noqa: E402  (scripts/peer_suite.py)
+
+SUITE = peer_suite.DEFAULT_SUITE
+
+
+def test_the_comparison_names_failures_stale_entries_and_files_that_do_not_import():
+    baseline = {"tests/a.py::T::ok": "passed", "tests/a.py::T::broken": "passed", "tests/a.py::T::listed": "passed",
+                "tests/a.py::T::fixed": "passed", "tests/a.py::T::gpu": "skipped", "tests/b.py::t": "passed"}
+    run_a = peer_suite.FileRun("tests/a.py", {"tests/a.py::T::ok": "passed", "tests/a.py::T::broken": "failed",
+                                              "tests/a.py::T::listed": "failed", "tests/a.py::T::fixed": "passed"})
+    run_b = peer_suite.FileRun("tests/b.py", {"tests/b.py": "collect-error"})
+    expected = {"tests/a.py::T::listed": {"reason": "r", "doc": "d"}, "tests/a.py::T::fixed": {"reason": "r", "doc": "d"}}
+    report = peer_suite.compare([run_a, run_b], baseline, expected)
+    assert report.table == [("tests/a.py", 2, 4), ("tests/b.py", 0, 1)]
+    assert report.unexpected == [("tests/a.py::T::broken", "failed"), ("tests/b.py::t", "not run")]
+    assert report.now_passing == ["tests/a.py::T::fixed"]
+    assert report.not_importing == ["tests/b.py"]
+    assert (report.passed, report.reference) == (2, 5)
+
+
+def test_every_expected_difference_says_why_and_where_it_is_documented():
+    entries = peer_suite.read_expected()
+    docs = ROOT / "docs" / "coming-from-accelerate.md"
+    headings = {line.lstrip("#").strip().lower() for line in docs.read_text().splitlines() if line.startswith("#")}
+    for node, entry in entries.items():
+        assert "::" in node, f"{node}: name a test by its pytest node id"
+        if "doc" in entry:
+            page, _, section = entry["doc"].partition("#")
+            assert page == "docs/coming-from-accelerate.md", f"{node}: documented in docs/coming-from-accelerate.md"
+            assert section.replace("-", " ") in {h.replace("-", " ") for h in headings}, \
+                f"{node}: no section '{section}' in {page}"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(1800)
+def test_accelerates_own_suite_passes_under_the_switch(capsys):
+    if not (SUITE / peer_suite.BASELINE_NAME).exists():
+        pytest.skip(f"Accelerate's test suite is not at {SUITE} (it is not part of this repository).")
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("the suite's test helpers come from the accelerate 1.15.0 wheel (hasten's test extra).")
+    runs = peer_suite.run_suite(SUITE, peer_suite.test_files(SUITE), jobs=2, progress=False)
+    expected = peer_suite.read_expected()
+    report = peer_suite.compare(runs, peer_suite.read_baseline(SUITE), expected)
+    with capsys.disabled():
+        peer_suite.print_report(report, runs, expected)
+    problems = ([f"does not import: {p}" for p in report.not_importing]
+                + [f"{outcome} under hasten, passes under Accelerate: {node}" for node, outcome in report.unexpected]
+                + [f"passes now, take it out of {peer_suite.EXPECTED.name}: {node}" for node in report.now_passing])
+    if problems:
+        outputs = {node.split("::")[0] for node, _ in report.unexpected} | set(report.not_importing)
+        tails = "\n".join(f"--- {run.path} (exit {run.returncode}) ---\n{run.tail[-3000:]}"
+                          for run in runs if run.path in outputs)
+        pytest.fail("\n".join(problems) + "\n\n" + tails, pytrace=False)
