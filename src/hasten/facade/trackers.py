@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..tracking import GeneralTracker, resolve_log_with, start_tracker
-
 if TYPE_CHECKING:
+    from ..tracking import GeneralTracker
     from ..checkpointing.project import ProjectConfiguration
     from ..runtime.state import AcceleratorState
 
@@ -28,8 +27,12 @@ class TrackerPart:
 
     def _init_tracking(self, log_with: Any) -> None:
         """Check `log_with` once (names, installed packages, a logging directory where needed); nothing starts yet."""
-        self.log_with = resolve_log_with(log_with, self.project_configuration.logging_dir)
         self.trackers: list[GeneralTracker] = []
+        self.log_with: list[str | GeneralTracker] = []
+        if log_with is not None:  # the tracking package is imported only by runs that track (import cost is a feature)
+            from ..tracking import resolve_log_with
+
+            self.log_with = resolve_log_with(log_with, self.project_configuration.logging_dir)
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
@@ -54,6 +57,8 @@ class TrackerPart:
                              "add them to log_with or drop those entries.")
         if not self.state.is_main_process:
             return
+        from ..tracking import GeneralTracker, start_tracker
+
         started: list[GeneralTracker] = []
         for item in self.log_with:
             if isinstance(item, GeneralTracker):
@@ -75,6 +80,8 @@ class TrackerPart:
                 return tracker.tracker if unwrap else tracker
         if self.state.is_main_process and not any((t if isinstance(t, str) else t.name) == name for t in self.log_with):
             raise ValueError(f"no tracker named {name!r}; the trackers are {[t.name for t in self.trackers]}.")
+        from ..tracking import GeneralTracker
+
         return GeneralTracker(_blank=True)  # other processes: calls on it do nothing
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
