@@ -23,6 +23,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .checkpointing.project import ProjectConfiguration
+# names Accelerate's accelerator module has, which tests patch there (the check itself is big_modeling/quantized.py)
+from .core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
 from .facade.checkpoints import CheckpointPart
 from .facade.preparing import PreparePart, make_dynamo_plugin
 from .facade.processes import ProcessPart

@@ -33,6 +33,7 @@ PROBES = [
     "is_torchvision_available", "is_tqdm_available", "is_trackio_available", "is_transformer_engine_available",
     "is_transformers_available", "is_triton_available", "is_wandb_available", "is_weights_only_available",
     "is_xpu_available", "is_bnb_available", "is_4bit_bnb_available", "is_8bit_bnb_available",
+    "is_bitsandbytes_multi_backend_available",
     "is_lomo_available", "is_rocm_available", "is_import_timer_available", "is_neuron_available", "is_xccl_available",
     "is_habana_gaudi1", "is_transformer_engine_mxfp8_available",
 ]
@@ -118,6 +119,19 @@ is_wandb_available = _package_probe("is_wandb_available", "wandb")
 is_bnb_available = _package_probe("is_bnb_available", "bitsandbytes")
 is_4bit_bnb_available = is_bnb_available
 is_8bit_bnb_available = is_bnb_available
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """Whether the installed bitsandbytes is its multi-backend build (quantized weights on the CPU too).
+
+    Example:
+        >>> isinstance(is_bitsandbytes_multi_backend_available(), bool)
+        True
+    """
+    if not is_bnb_available():
+        return False
+    bitsandbytes = importlib.import_module("bitsandbytes")  # optional: imported only when installed
+    return "multi_backend" in getattr(bitsandbytes, "features", set())
 is_lomo_available = _package_probe("is_lomo_available", "lomo_optim")
 is_import_timer_available = _package_probe("is_import_timer_available", "import_timer")
 

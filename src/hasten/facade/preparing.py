@@ -208,6 +208,7 @@ class PreparePart:
     def _setup(self, models: list[nn.Module], placements: list[bool | None],
                optimizers: list[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[AcceleratedOptimizer]]:
         """Hand models and optimizers to the strategy together; remember what it returned."""
+        self._check_quantized(models)
         for optimizer in optimizers:
             if isinstance(optimizer, AcceleratedOptimizer):
                 raise ValueError("this optimizer was prepared by another Accelerator; pass the original torch optimizer.")
@@ -243,6 +244,13 @@ class PreparePart:
             prepared_optimizers.append(prepared_optimizer)
         return prepared_models, prepared_optimizers
 
+    def _check_quantized(self, models: list[nn.Module]) -> None:
+        """8-bit/4-bit models spread by a device map cannot move: refuse placements they cannot train in."""
+        from ..big_modeling.quantized import check_quantized_placement
+
+        for model in models:
+            check_quantized_placement(model, self.device, self.strategy.distributed_type is not DistributedType.NO)
+
     def _remember(self, original: Any, prepared: Any) -> None:
         self._seen[id(original)] = original
         self._seen[id(prepared)] = prepared
@@ -262,6 +270,7 @@ class PreparePart:
         if self._already_prepared(model):
             return model
         if evaluation_mode:
+            self._check_quantized([model])
             place = self.device_placement if device_placement is None else device_placement
             prepared = self.strategy.place_module(model, place)
             self._models.append(prepared)
