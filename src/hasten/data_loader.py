@@ -1,7 +1,8 @@
 """Accelerate's ``accelerate.data_loader`` path: names only; the code lives in `hasten.data`.
 
 `DataLoaderShard` is hasten's `PreparedDataLoader`, `BatchSamplerShard` its
-`ShardedBatchSampler`, `DataLoaderDispatcher` its `DispatchedDataLoader`.
+`ShardedBatchSampler`, `DataLoaderDispatcher` its `DispatchedDataLoader`;
+`DataLoaderStateMixin` and `SkipDataLoader` are hasten's own of those names.
 
 Example:
     >>> import torch
@@ -14,7 +15,15 @@ Example:
 
 from __future__ import annotations
 
-from .data import IterableDatasetShard, PreparedDataLoader, ShardedBatchSampler, SkipBatchSampler, skip_first_batches
+from .data import (
+    DataLoaderStateMixin,
+    IterableDatasetShard,
+    PreparedDataLoader,
+    ShardedBatchSampler,
+    SkipBatchSampler,
+    SkipDataLoader,
+    skip_first_batches,
+)
 from .data.dispatch import DispatchedDataLoader
 from .data.loader import get_sampler
 from .data.prepare import prepare_data_loader
@@ -24,9 +33,11 @@ __all__ = [
     "BatchSamplerShard",
     "DataLoaderDispatcher",
     "DataLoaderShard",
+    "DataLoaderStateMixin",
     "IterableDatasetShard",
     "SeedableRandomSampler",
     "SkipBatchSampler",
+    "SkipDataLoader",
     "get_sampler",
     "prepare_data_loader",
     "skip_first_batches",

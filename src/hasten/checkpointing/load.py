@@ -227,7 +227,7 @@ def apply_checkpoint(saveset: SaveSet, contents: CheckpointContents) -> None:
     for scheduler, saved in zip(saveset.schedulers, contents.schedulers):
         scheduler.load_state_dict(saved)
     for loader, saved in zip(saveset.dataloaders, contents.dataloaders):
-        loader.load_state_dict(saved, restore_position=saveset.restore_position)
+        loader.load_position(saved, restore_position=saveset.restore_position)
     if contents.scaler is not None and saveset.scaler is not None:  # read only when this run scales
         saveset.scaler.load_state_dict(contents.scaler)
     for obj, saved in zip(saveset.custom, contents.custom):

@@ -312,7 +312,8 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
                      "schedulers": len(saveset.schedulers), "dataloaders": len(saveset.dataloaders),
                      "custom": len(saveset.custom), "scaler": saveset.scaler is not None,
                      "model_format": model_format(strategy, safe_serialization)},
-        "dataloaders": [encode(loader.state_dict()) for loader in saveset.dataloaders],
+        # each loader's own position (a torchdata-backed loader's state_dict is torchdata's: not this)
+        "dataloaders": [encode(loader.position_state()) for loader in saveset.dataloaders],
     }
 
     def publish_outcome(reports: list[tuple[Any, dict[str, int], dict[str, str]]]) -> str | CheckpointError | None:

@@ -2,7 +2,9 @@
 
 - `order.py`: which sample each position of an epoch visits (seekable, O(1) memory when keyed).
 - `sharding.py`: which batches (or items) belong to this process.
-- `loader.py`: `PreparedDataLoader`, `skip_first_batches`.
+- `loader.py`: `PreparedDataLoader` (Accelerate's `DataLoaderShard`), `DataLoaderStateMixin`.
+- `skipping.py`: `skip_first_batches`, `SkipDataLoader`.
+- `stateful.py`: loaders that are torchdata `StatefulDataLoader`s (``use_stateful_dataloader=True``).
 - `prepare.py`: `prepare_data_loader` (what Accelerate's does to a loader).
 - `dispatch.py`: `DispatchedDataLoader` (process 0 reads, every process gets its rows).
 
@@ -10,18 +12,21 @@ Example:
     >>> from hasten.data import prepare_data_loader
 """
 
-from .loader import LoaderCursor, PreparedDataLoader, skip_first_batches
+from .loader import DataLoaderStateMixin, LoaderCursor, PreparedDataLoader
 from .prepare import prepare_data_loader
+from .skipping import SkipDataLoader, skip_first_batches
 from .order import SampleOrder, keyed_permutation
 from .sharding import IterableDatasetShard, ShardedBatchSampler, SkipBatchSampler, seek_batches
 
 __all__ = [
+    "DataLoaderStateMixin",
     "IterableDatasetShard",
     "LoaderCursor",
     "PreparedDataLoader",
     "SampleOrder",
     "ShardedBatchSampler",
     "SkipBatchSampler",
+    "SkipDataLoader",
     "keyed_permutation",
     "prepare_data_loader",
     "seek_batches",

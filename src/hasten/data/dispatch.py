@@ -25,7 +25,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data.dataloader import _DatasetKind
 
 from ..runtime.collectives import _distributed, broadcast_object_list, recursively_apply
-from .loader import PreparedDataLoader
+from .loader import PreparedDataLoader, _takes_epoch, _unique
 from .sharding import seekable_order
 
 __all__ = ["DispatchedDataLoader"]
@@ -99,9 +99,18 @@ class DispatchedDataLoader(PreparedDataLoader):
         [[0, 1], [2, 3], [4, 5]]
     """
 
-    def __init__(self, *args: Any, num_processes: int = 1, process_index: int = 0, batches_per_dispatch: int = 1,
-                 slice_fn: Callable[..., Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, num_processes: int | None = None, process_index: int | None = None,
+                 batches_per_dispatch: int | None = None, slice_fn: Callable[..., Any] | None = None,
+                 split_batches: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if num_processes is None or process_index is None:  # built directly, as Accelerate's: the running processes
+            from ..runtime.state import PartialState
+
+            state = PartialState()
+            num_processes = state.num_processes if num_processes is None else num_processes
+            process_index = state.process_index if process_index is None else process_index
+        if batches_per_dispatch is None:
+            batches_per_dispatch = 1 if split_batches else num_processes
         self.num_processes = num_processes
         self.process_index = process_index
         self.batches_per_dispatch = batches_per_dispatch
@@ -109,6 +118,11 @@ class DispatchedDataLoader(PreparedDataLoader):
         self.slice_fn = slice_fn
         self._last_rows: int | None = None
         self._first_rows: Any = None
+
+    def default_epoch_targets(self) -> tuple[Any, ...]:
+        """Accelerate's dispatcher chain: the batch sampler's sampler, else the dataset (each when it has `set_epoch`)."""
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        return _unique([sampler if _takes_epoch(sampler) else self.dataset])
 
     def view_kwargs(self) -> dict[str, Any]:
         """What `skip_first_batches` passes on to a view of this loader."""

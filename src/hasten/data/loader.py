@@ -14,25 +14,31 @@ checkpoints save and restore. A pass that continues a checkpointed one (a
 resume at batch k, through `skip_first_batches` or a restored position)
 draws nothing and loads nothing for the k skipped batches, so the resumed run
 continues exactly where the interrupted one was.
+
+With ``use_stateful_dataloader=True`` the loader is also a torchdata
+`StatefulDataLoader` whose `state_dict` is torchdata's (see `stateful.py`);
+hasten's checkpoints keep using `position_state`.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Iterator, cast
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader
 from torch.utils.data.dataloader import _DatasetKind
 
 from ..runtime.collectives import send_to_device
 from ..runtime.gradient_state import GradientState, LoaderPosition
 from .order import SampleOrder
-from .sharding import SkipBatchSampler, seek_batches
+from .sharding import seek_batches
+from .stateful import stateful_variant
 
-__all__ = ["LoaderCursor", "PreparedDataLoader", "get_sampler", "loader_kwargs", "skip_first_batches"]
+__all__ = ["DataLoaderStateMixin", "LoaderCursor", "PreparedDataLoader", "get_sampler", "loader_kwargs"]
 
 
 @dataclass
@@ -78,15 +84,78 @@ def loader_kwargs(loader: DataLoader) -> dict[str, Any]:
     return kwargs
 
 
-class PreparedDataLoader(DataLoader):
+class _BaseLoader:
+    """`base_dataloader`: Accelerate's loaders wrap a torch loader; a hasten loader is its own torch loader."""
+
+    def __get__(self, loader: Any, owner: type) -> Any:
+        if loader is None:  # as Accelerate's: an attribute of loader objects, not of the class
+            raise AttributeError(f"base_dataloader is an attribute of {owner.__name__} objects, not of the class.")
+        return loader
+
+
+class DataLoaderStateMixin:
+    """Accelerate's loader state: `end_of_dataloader`, `remainder`, and the `GradientState` registration of a pass.
+
+    `begin()` starts a pass (the loader becomes `GradientState().active_dataloader`),
+    `end()` ends it; `PreparedDataLoader` calls both itself.
+
+    Example:
+        >>> from hasten.data import PreparedDataLoader
+        >>> isinstance(PreparedDataLoader(range(4), batch_size=2), DataLoaderStateMixin)
+        True
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    gradient_state: GradientState | None
+    dataset: Any
+    _drop_last: bool = False
+
+    def reset(self) -> None:
+        """Forget the last pass's end flag and remainder."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> LoaderPosition:
+        """A pass starts: the remainder is computed and the loader is pushed on the gradient state."""
+        self.reset()
+        self.remainder = self._start_remainder()
+        position = LoaderPosition(remainder=self.remainder, cursor=getattr(self, "cursor", None), loader=self)
+        if self.gradient_state is not None:
+            self.gradient_state.push(position)
+        return position
+
+    def end(self) -> None:
+        """The pass is over (or abandoned): the loader leaves the gradient state."""
+        if self.gradient_state is not None:
+            self.gradient_state._remove_dataloader(self)
+
+    def _start_remainder(self) -> int:
+        """Accelerate's remainder at the start of a pass: samples % global batch, -1 when dropped or unknown."""
+        if self._drop_last:
+            return -1
+        with suppress(Exception):
+            length = getattr(self.dataset, "total_dataset_length", None)
+            length = len(self.dataset) if length is None else length
+            return int(length % self.total_batch_size)  # type: ignore[attr-defined]
+        return -1
+
+
+class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     """A DataLoader that yields this process's batches on its device and tells the Accelerator where it is.
 
     `len()` is this process's number of batches. `epoch` (also `iteration`)
     is the pass the next iteration runs; `set_epoch(e)` picks it; otherwise
-    each full pass advances it. `state_dict()` / `load_state_dict()` save and
-    restore the position. `total_batch_size` is the global batch size,
-    `remainder` the number of real samples in the last global batch (-1 when
-    unknown), as in Accelerate.
+    each full pass advances it. `position_state()` / `load_position()` save
+    and restore the position (also `state_dict()` / `load_state_dict()`
+    unless the loader is a torchdata `StatefulDataLoader`, made with
+    ``use_stateful_dataloader=True``, whose state they give then).
+    `total_batch_size` is the global batch size, `remainder` the number of
+    real samples in the last global batch (-1 when unknown), as in Accelerate.
+
+    Accelerate's constructor arguments are taken too (``_drop_last``,
+    ``_non_blocking``, ``iteration``, ``use_stateful_dataloader``,
+    ``torch_device_mesh``), so it stands for Accelerate's `DataLoaderShard`.
 
     Example:
         >>> from hasten.data import prepare_data_loader
@@ -96,6 +165,14 @@ class PreparedDataLoader(DataLoader):
         >>> loader.epoch
         1
     """
+
+    use_stateful_dataloader = False
+    base_dataloader = _BaseLoader()
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> PreparedDataLoader:
+        if use_stateful_dataloader and not cls.use_stateful_dataloader:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -108,27 +185,48 @@ class PreparedDataLoader(DataLoader):
         global_batch_size: int | None = None,
         rng_types: list[Any] | None = None,
         synchronized_generator: torch.Generator | None = None,
-        source_drop_last: bool = False,
-        epoch_targets: tuple[Any, ...] = (),
-        non_blocking: bool = False,
+        source_drop_last: bool | None = None,
+        epoch_targets: tuple[Any, ...] | None = None,
+        non_blocking: bool | None = None,
+        use_stateful_dataloader: bool = False,
+        iteration: int = 0,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
         **kwargs: Any,
     ) -> None:
+        if self.use_stateful_dataloader and "in_order" in kwargs and not _takes_in_order():
+            kwargs.pop("in_order")  # an older torchdata, as Accelerate does
         super().__init__(*args, **kwargs)
         self.device = device
-        self.gradient_state = gradient_state
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.skip_batches = skip_batches  # a skip_first_batches view skips these on every pass
         self.order = order
-        self.cursor = cursor if cursor is not None else LoaderCursor()
+        self.cursor = cursor if cursor is not None else LoaderCursor(epoch=iteration)
         self.global_batch_size = global_batch_size
         self.rng_types = list(rng_types) if rng_types else None
         self.synchronized_generator = synchronized_generator
-        self._drop_last = source_drop_last  # the original loader's drop_last (Accelerate's `remainder` follows it)
-        self._epoch_targets = epoch_targets  # objects told the epoch at each pass (the peer's set_epoch chain)
-        self._non_blocking = non_blocking
+        # the original loader's drop_last (Accelerate's `remainder` follows it)
+        self._drop_last = _drop_last if source_drop_last is None else source_drop_last
+        # objects told the epoch at each pass (the peer's set_epoch chain)
+        self._epoch_targets = self.default_epoch_targets() if epoch_targets is None else epoch_targets
+        self._non_blocking = _non_blocking if non_blocking is None else non_blocking
+        self.torch_device_mesh = torch_device_mesh
         # Decided once: on CPU the batches are already where they belong.
         self._move_batches = device is not None and device.type != "cpu"
         self.end_of_dataloader = False
         self.remainder = -1
+
+    def default_epoch_targets(self) -> tuple[Any, ...]:
+        """Who hears the epoch when the loader is built directly (not by `prepare`): Accelerate's `set_epoch` chain.
+
+        The batch sampler, its sampler, and its inner batch sampler's sampler
+        (else the dataset), each when it has `set_epoch`.
+        """
+        batches = self.batch_sampler
+        inner = getattr(getattr(batches, "batch_sampler", None), "sampler", None)
+        chain = [batches, getattr(batches, "sampler", None), inner if _takes_epoch(inner) else self.dataset]
+        return _unique(chain)
 
     # -- epochs -------------------------------------------------------------------------
     @property
@@ -142,7 +240,7 @@ class PreparedDataLoader(DataLoader):
     iteration = epoch  # Accelerate's name for the number of completed passes
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch the next iteration runs (same on every process).
+        """Choose the epoch the next iteration runs (same on every process); the samplers hear it at once.
 
         A position restored by `load_state` for this same epoch is kept; for
         another epoch it is dropped.
@@ -151,6 +249,8 @@ class PreparedDataLoader(DataLoader):
             self.cursor.pending_skip = 0
             self.cursor.resumed = False
         self.cursor.epoch = epoch
+        for target in self._epoch_targets:  # as Accelerate's set_epoch (the order hears it when the pass starts)
+            target.set_epoch(epoch)
 
     def _apply_epoch(self) -> None:
         epoch = self.cursor.epoch
@@ -179,15 +279,15 @@ class PreparedDataLoader(DataLoader):
         """The sampler under the batch sampler (the `SampleOrder` when prepare replaced a stock one)."""
         return get_sampler(self)
 
-    def _start_remainder(self) -> int:
-        """Accelerate's remainder at the start of a pass: samples % global batch, -1 when dropped or unknown."""
-        if self._drop_last:
-            return -1
-        with suppress(Exception):
-            length = getattr(self.dataset, "total_dataset_length", None)
-            length = len(self.dataset) if length is None else length  # type: ignore[arg-type]
-            return int(length % self.total_batch_size)
-        return -1
+    def set_sampler(self, sampler: Any) -> None:
+        """Put `sampler` under the batch sampler (and under the batch sampler a sharded one wraps), as Accelerate's."""
+        if isinstance(self.sampler, BatchSampler):
+            self.sampler.sampler = sampler
+            return
+        batches: Any = self.batch_sampler
+        batches.sampler = sampler
+        if hasattr(batches, "batch_sampler"):
+            batches.batch_sampler.sampler = sampler
 
     # -- iteration ------------------------------------------------------------------------
     def _start_pass(self, skip: int) -> Iterator[Any]:
@@ -203,6 +303,7 @@ class PreparedDataLoader(DataLoader):
 
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         seeked = skip > 0 and self.batch_sampler is not None and seek_batches(self.batch_sampler, skip)
+        iterator: Iterator[Any]
         if continuing:
             # This pass continues one that began before a checkpoint, and that pass already drew the
             # DataLoader's base seed from the global RNG: drawing again would shift every later random number.
@@ -211,8 +312,11 @@ class PreparedDataLoader(DataLoader):
             torch.set_rng_state(rng_state)
         else:
             iterator = super().__iter__()
+        unread = seeked
         if skip and not seeked:
-            return _skip(iterator, skip)
+            iterator, unread = _skip(iterator, skip)
+        if unread:
+            self._skipped(iterator, skip)
         return iterator
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # batches from a generator, not torch's iterator
@@ -221,22 +325,20 @@ class PreparedDataLoader(DataLoader):
             state.boundary_hook(self)  # asked for the first batch: a preemption point
         skip = cursor.pending_skip + self.skip_batches
         self._apply_epoch()
-        self.end_of_dataloader = False
-        self.remainder = self._start_remainder()
-        position = LoaderPosition(remainder=self.remainder, cursor=cursor, loader=self)
-        if state is not None:
-            state.push(position)
+        position = self.begin()
         try:
             iterator = self._start_pass(skip)
             cursor.pending_skip, cursor.yielded = 0, skip
             sentinel = object()
             current = next(iterator, sentinel)
             while current is not sentinel:
+                self._snapshot(False)  # (a stateful loader's state: `current` counts as handed out)
                 following = next(iterator, sentinel)
                 last = following is sentinel
                 batch = self._finish(current, last)
                 if last:
                     self.end_of_dataloader = position.end_of_dataloader = True
+                    self._snapshot(True)
                     final = self.final_remainder()
                     if final is not None:
                         self.remainder = position.remainder = final
@@ -269,14 +371,20 @@ class PreparedDataLoader(DataLoader):
         """Constructor arguments of a subclass that `skip_first_batches` passes on to a view."""
         return {}
 
+    def _snapshot(self, finished: bool) -> None:
+        """A stateful loader takes torchdata's state here (see `stateful.py`); a plain one has none."""
+
+    def _skipped(self, iterator: Any, count: int) -> None:
+        """`count` batches were skipped without being read (a stateful loader counts them, see `stateful.py`)."""
+
     # -- position as state --------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def position_state(self) -> dict[str, Any]:
         """The loader's position: epoch, batches handed out in this pass, shuffle state, batch geometry.
 
         Example:
             >>> from hasten.data import prepare_data_loader
             >>> loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), torch.device("cpu"))
-            >>> loader.state_dict()["epoch"], loader.state_dict()["yielded"]
+            >>> loader.position_state()["epoch"], loader.position_state()["yielded"]
             (0, 0)
         """
         return {
@@ -284,11 +392,11 @@ class PreparedDataLoader(DataLoader):
             # outside a pass, a restored position not yet used is still the position
             "yielded": self.cursor.yielded or self.cursor.pending_skip,
             "global_batch_size": self.global_batch_size,
-            "num_batches": super().__len__() if self._sized() else None,
+            "num_batches": DataLoader.__len__(self) if self._sized() else None,
             "order": None if self.order is None else self.order.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any], restore_position: bool = True) -> None:
+    def load_position(self, state: dict[str, Any], restore_position: bool = True) -> None:
         """Restore the shuffle state and epoch; with `restore_position`, the next pass resumes after the saved batch.
 
         A position saved with another global batch size (another number of
@@ -302,6 +410,14 @@ class PreparedDataLoader(DataLoader):
         self.cursor.yielded = 0
         self.cursor.pending_skip = skip
         self.cursor.resumed = int(state["yielded"]) > 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position (`position_state`); a torchdata-backed loader gives torchdata's state instead."""
+        return self.position_state()
+
+    def load_state_dict(self, state: dict[str, Any], restore_position: bool = True) -> None:
+        """Restore a position given by `state_dict` (see `load_position`)."""
+        self.load_position(state, restore_position)
 
     def batches_to_skip(self, state: dict[str, Any]) -> int:
         """How many of this loader's batches a restored position skips (validated, nothing changed)."""
@@ -320,22 +436,46 @@ class PreparedDataLoader(DataLoader):
 
     def _sized(self) -> bool:
         try:
-            super().__len__()
+            DataLoader.__len__(self)
         except TypeError:
             return False
         return True
 
 
-def _skip(iterator: Any, count: int) -> Iterator[Any]:
-    """`iterator` without its first `count` batches: over a map-style dataset without workers their indices are
-    drawn but nothing is loaded (as Accelerate's SkipBatchSampler); a stream is read and dropped."""
+def _takes_epoch(obj: Any) -> bool:
+    return obj is not None and hasattr(obj, "set_epoch") and not isinstance(obj, SampleOrder)
+
+
+def _unique(objects: list[Any]) -> tuple[Any, ...]:
+    """The objects that take an epoch, each once, in order."""
+    kept: list[Any] = []
+    for obj in objects:
+        if _takes_epoch(obj) and all(obj is not known for known in kept):
+            kept.append(obj)
+    return tuple(kept)
+
+
+@functools.cache
+def _takes_in_order() -> bool:
+    """Does torchdata's StatefulDataLoader take `in_order` (torchdata >= 0.11)?"""
+    import inspect
+
+    from .stateful import _stateful_dataloader_class
+
+    return "in_order" in inspect.signature(_stateful_dataloader_class().__init__).parameters
+
+
+def _skip(iterator: Any, count: int) -> tuple[Iterator[Any], bool]:
+    """`iterator` without its first `count` batches, and whether they went unread: over a map-style dataset without
+    workers their indices are drawn but nothing is loaded (as Accelerate's SkipBatchSampler); a stream is read and
+    dropped."""
     sampler_iter = getattr(iterator, "_sampler_iter", None)
     map_style = getattr(iterator, "_dataset_kind", None) == _DatasetKind.Map
     if map_style and sampler_iter is not None and getattr(iterator, "_num_workers", 1) == 0:
         for _ in itertools.islice(sampler_iter, count):
             pass
-        return iterator
-    return itertools.islice(iterator, count, None)  # workers already asked for them: load and drop
+        return iterator, True
+    return itertools.islice(iterator, count, None), False  # workers already asked for them: load and drop
 
 
 def get_sampler(dataloader: DataLoader) -> Any:
@@ -347,44 +487,3 @@ def get_sampler(dataloader: DataLoader) -> Any:
     """
     holder = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
     return getattr(holder, "sampler", None)
-
-
-def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
-    """A loader like `dataloader` that starts after its first `num_batches` batches (for a mid-epoch resume).
-
-    Skipped batches are never loaded: for a prepared loader over a map-style
-    dataset the order seeks straight to the first kept batch. A view of a
-    prepared loader shares its epoch and position, so after a full pass over
-    the view the original continues with the next epoch.
-
-    Example:
-        >>> dl = DataLoader(list(range(6)), batch_size=2)
-        >>> [b.tolist() for b in skip_first_batches(dl, 2)]
-        [[4, 5]]
-    """
-    if num_batches < 0:
-        raise ValueError(f"num_batches must be >= 0, got {num_batches}.")
-    if isinstance(dataloader, PreparedDataLoader):
-        kwargs = {**loader_kwargs(dataloader), "device": dataloader.device, "gradient_state": dataloader.gradient_state,
-                  "order": dataloader.order, "cursor": dataloader.cursor, "global_batch_size": dataloader.global_batch_size,
-                  "skip_batches": dataloader.skip_batches + num_batches, "rng_types": dataloader.rng_types,
-                  "synchronized_generator": dataloader.synchronized_generator, "source_drop_last": dataloader._drop_last,
-                  "epoch_targets": dataloader._epoch_targets, "non_blocking": dataloader._non_blocking,
-                  **dataloader.view_kwargs()}
-        view = type(dataloader)
-        if dataloader.batch_sampler is None:
-            return view(dataloader.dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
-                        sampler=dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else None, **kwargs)
-        return view(dataloader.dataset, batch_sampler=dataloader.batch_sampler, **kwargs)
-    kwargs = loader_kwargs(dataloader)
-    if isinstance(dataloader.dataset, IterableDataset):
-        return PreparedDataLoader(dataloader.dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
-                                  skip_batches=num_batches, source_drop_last=dataloader.drop_last, **kwargs)
-    if isinstance(dataloader.sampler, BatchSampler):  # batches given as the sampler (batch_size=None or not)
-        return PreparedDataLoader(dataloader.dataset, sampler=SkipBatchSampler(dataloader.sampler, num_batches),
-                                  batch_size=dataloader.batch_size, source_drop_last=dataloader.drop_last, **kwargs)
-    if dataloader.batch_sampler is None:
-        return PreparedDataLoader(dataloader.dataset, batch_size=None, sampler=dataloader.sampler,
-                                  skip_batches=num_batches, **kwargs)
-    return PreparedDataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
-                              source_drop_last=dataloader.drop_last, **kwargs)

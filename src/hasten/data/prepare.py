@@ -25,17 +25,18 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from ..runtime.gradient_state import GradientState
-from .loader import PreparedDataLoader, get_sampler, loader_kwargs
+from .loader import PreparedDataLoader, _takes_epoch, get_sampler, loader_kwargs
 from .order import PERMUTATION_LIMIT, SampleOrder
 from .samplers import SeedableRandomSampler, SeedableSampleOrder
 from .sharding import IterableDatasetShard, ShardedBatchSampler
+from .skipping import SkipDataLoader
 
 __all__ = ["prepare_data_loader"]
 
@@ -98,10 +99,6 @@ def _sample_order(loader: DataLoader, sampler: Any, sharded: bool, num_processes
     if sharded:
         _rank0_generator(generator, num_processes)
     return SampleOrder(kind="torch", generator=generator, **common)
-
-
-def _takes_epoch(obj: Any) -> bool:
-    return obj is not None and hasattr(obj, "set_epoch") and not isinstance(obj, SampleOrder)
 
 
 def _check_split(dataloader: DataLoader, num_processes: int) -> None:
@@ -178,15 +175,16 @@ def prepare_data_loader(
     start of each pass. `dispatch_batches=True`: process 0 alone reads
     `dataloader` and sends every process its rows (see `dispatch.py`). hasten
     adds `keyed_shuffle=True`: shuffle with its O(1)-memory keyed order (not
-    Accelerate's order). `use_stateful_dataloader` is accepted: every
-    prepared loader keeps its position as state (see `PreparedDataLoader`).
+    Accelerate's order). With `use_stateful_dataloader` the loader is also a
+    torchdata `StatefulDataLoader` whose `state_dict` is torchdata's, as
+    Accelerate's (hasten's checkpoints keep the exact position either way).
 
     Example:
         >>> dl = DataLoader(list(range(8)), batch_size=2)
         >>> [b.tolist() for b in prepare_data_loader(dl, num_processes=2, process_index=0)]
         [[0, 1], [4, 5]]
     """
-    if isinstance(dataloader, PreparedDataLoader):
+    if isinstance(dataloader, PreparedDataLoader) and not isinstance(dataloader, SkipDataLoader):
         raise ValueError("this DataLoader is already prepared; pass the original DataLoader to prepare once.")
     if dispatch_batches is None:
         dispatch_batches = bool(put_on_device) and isinstance(dataloader.dataset, IterableDataset)
@@ -210,7 +208,7 @@ def prepare_data_loader(
     build = functools.partial(_build, dataloader, device if put_on_device else None, split_batches=split_batches,
                               even_batches=even_batches, gradient_state=gradient_state, rng_types=rng_types,
                               seedable=use_seedable_sampler, data_seed=data_seed, non_blocking=non_blocking,
-                              keyed=keyed_shuffle)
+                              keyed=keyed_shuffle, stateful=use_stateful_dataloader)
     if dispatch_batches:  # process 0 reads the whole loader; the dispatcher splits each global batch
         from .dispatch import DispatchedDataLoader
 
@@ -226,11 +224,12 @@ def prepare_data_loader(
 
 def _build(dataloader: DataLoader, device: torch.device | None, *, num_processes: int, process_index: int,
            split_batches: bool, even_batches: bool, gradient_state: GradientState, rng_types: list[Any] | None,
-           seedable: bool, data_seed: int | None, non_blocking: bool, keyed: bool,
+           seedable: bool, data_seed: int | None, non_blocking: bool, keyed: bool, stateful: bool,
            make: Callable[..., PreparedDataLoader], dispatch: bool) -> PreparedDataLoader:
     """The prepared loader of `num_processes` ranks, made by `make` (PreparedDataLoader or the dispatcher)."""
     common: dict[str, Any] = dict(device=device, gradient_state=gradient_state, source_drop_last=dataloader.drop_last,
-                                  non_blocking=non_blocking, **loader_kwargs(dataloader))
+                                  non_blocking=non_blocking, use_stateful_dataloader=stateful,
+                                  **loader_kwargs(dataloader))
     dataset = dataloader.dataset
     sharded = num_processes > 1 and not dispatch
     rng_types = [getattr(t, "value", t) for t in rng_types] if rng_types else []
@@ -290,8 +289,9 @@ def _build_iterable(dataloader: DataLoader, common: dict[str, Any], num_processe
                     split_batches: bool, even_batches: bool, sharded: bool, rng_types: list[Any],
                     make: Callable[..., PreparedDataLoader]) -> PreparedDataLoader:
     dataset: Any = dataloader.dataset  # an iterable dataset (a Hugging Face one can shard itself)
-    if dataloader.batch_size is None:
-        raise ValueError("prepare needs a DataLoader with a batch_size for an iterable dataset.")
+    if dataloader.batch_size is None and sharded:
+        raise ValueError("prepare needs a DataLoader with a batch_size for an iterable dataset shared by several "
+                         "processes; give the DataLoader a batch_size, or use dispatch_batches=True.")
     synchronized = None
     if sharded:
         hf_shards = _hf_iterable_shards(dataset)
@@ -303,17 +303,19 @@ def _build_iterable(dataloader: DataLoader, common: dict[str, Any], num_processe
             if not even_batches:
                 warnings.warn("even_batches=False does not apply to an iterable dataset (as in Accelerate): its last "
                               "batch is completed with the stream's first items.", stacklevel=5)
-            dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
+            dataset = IterableDatasetShard(dataset, batch_size=cast(int, dataloader.batch_size), drop_last=dataloader.drop_last,
                                            num_processes=num_processes, process_index=process_index,
                                            split_batches=split_batches)
     if "generator" in rng_types:
         rng_types.remove("generator")
         if synchronized is not None:
             rng_types.append("generator")
-    per_process = dataloader.batch_size // num_processes if split_batches and sharded else dataloader.batch_size
+    size = dataloader.batch_size  # None only on one process (checked above)
+    per_process = cast(int, size) // num_processes if split_batches and sharded else size
     targets = (dataset,) if _takes_epoch(dataset) else ()
     return make(dataset, batch_size=per_process, drop_last=dataloader.drop_last, rng_types=rng_types or None,
-                synchronized_generator=synchronized, global_batch_size=per_process * num_processes,
+                synchronized_generator=synchronized,
+                global_batch_size=None if per_process is None else per_process * num_processes,
                 epoch_targets=targets, **common)
 
 

@@ -22,7 +22,7 @@ import itertools
 from typing import Any, Iterable, Iterator, cast
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, IterableDataset
 
 from ..runtime.collectives import share_bounds
 from .order import SampleOrder
@@ -92,10 +92,11 @@ class ShardedBatchSampler(BatchSampler):
         self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self._seeked = False  # did the current pass start after a seek (then the epoch's start is computed)?
-        if split_batches and self.batch_size is not None and self.batch_size % num_processes:
+        if split_batches and (self.batch_size is None or self.batch_size % num_processes):
             raise ValueError(
-                f"split_batches=True needs the DataLoader's batch_size ({self.batch_size}) to be a multiple of "
-                f"the number of processes ({num_processes}); change the batch size or use split_batches=False."
+                f"split_batches=True needs the DataLoader's batch_size ({self.batch_size}) to be a multiple of the "
+                f"number of processes ({num_processes}): each takes an equal part of every batch, so the batch size "
+                "must be a round multiple of it; change the batch size or use split_batches=False."
             )
 
     @property
@@ -244,20 +245,29 @@ class ShardedBatchSampler(BatchSampler):
                 yield batch[start:end]
 
 
-class SkipBatchSampler(Sampler[list[int]]):
+class SkipBatchSampler(BatchSampler):
     """An inner batch sampler without its first `skip_batches` batches (used to resume mid-epoch).
+
+    A `BatchSampler`, as Accelerate's, so a loader given it as its sampler is
+    still seen as batching; other attributes (`batch_size`, `sampler`, ...)
+    are the inner batch sampler's.
 
     Example:
         >>> list(SkipBatchSampler([[0], [1], [2]], skip_batches=2))
         [[2]]
     """
 
-    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int) -> None:
+    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int = 0) -> None:
         self.batch_sampler = batch_sampler
         self.skip_batches = skip_batches
 
     def __iter__(self) -> Iterator[list[int]]:
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+    @property
+    def total_length(self) -> int:
+        """The inner batch sampler's length (skipped batches included)."""
+        return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return max(0, len(self.batch_sampler) - self.skip_batches)  # type: ignore[arg-type]

@@ -33,9 +33,10 @@ def _is_scheduler(obj: Any) -> bool:
 
 
 def _is_prepared_loader(obj: Any) -> TypeGuard[PreparedDataLoader]:
-    from ..data.loader import PreparedDataLoader
+    from ..data import PreparedDataLoader, SkipDataLoader
 
-    return isinstance(obj, PreparedDataLoader)
+    # a SkipDataLoader (skip_first_batches of an iterable loader) is still to prepare, as under Accelerate
+    return isinstance(obj, PreparedDataLoader) and not isinstance(obj, SkipDataLoader)
 
 
 def _mark_prepared(obj: Any) -> None:
@@ -344,6 +345,7 @@ class PreparePart:
             gradient_state=self.gradient_state,
             keyed_shuffle=self.keyed_shuffle,
             slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_stateful_dataloader=self.use_stateful_dataloader,
         )
         self._dataloaders.append(prepared)
         self._remember(data_loader, prepared)

@@ -146,6 +146,10 @@ class GradientState:
         if position in self._positions:
             self._positions.remove(position)
 
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        """Forget every pass of `dataloader` (Accelerate's name: a loader's `end()` calls it)."""
+        self._positions[:] = [position for position in self._positions if position.loader is not dataloader]
+
     def __repr__(self) -> str:
         return (f"GradientState(sync_gradients={self.sync_gradients}, end_of_dataloader={self.end_of_dataloader}, "
                 f"remainder={self.remainder}, num_steps={self.num_steps})")
