@@ -49,7 +49,7 @@ def test_names_resolve_at_the_peer_paths(module):
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB"),
                                    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 10 GB"),
                                    RuntimeError("XPU out of memory")])
-def test_find_executable_batch_size_halves_on_out_of_memory(error):
+def test_find_executable_batch_size_takes_90_percent_on_out_of_memory(error):
     from hasten.utils import find_executable_batch_size
 
     tried = []
@@ -61,8 +61,8 @@ def test_find_executable_batch_size_halves_on_out_of_memory(error):
             raise error
         return batch_size
 
-    assert train(20) == 16
-    assert tried == [128, 64, 32, 16]
+    assert train(80) == 73  # Accelerate 1.15's sizes: int(size * 0.9) a try
+    assert tried == [128, 115, 103, 92, 82, 73]
 
 
 def test_find_executable_batch_size_reraises_other_errors_and_stops_at_zero():
@@ -112,7 +112,7 @@ def test_operations_take_the_peer_parameter_names():
     assert moved["meta"]["ids"] == [1] and moved["x"].device.type == "cpu"
     doubled = ops.recursively_apply(lambda v, k: v * k, {"a": [2, "s"]}, 3, test_type=lambda v: isinstance(v, int))
     assert doubled == {"a": [6, "s"]}
-    with pytest.raises(TypeError, match="got a str"):
+    with pytest.raises(TypeError, match=r"Unsupported types \(<class 'str'>\) passed to `<lambda>`"):
         ops.recursively_apply(lambda t: t, ["s"], error_on_other_type=True)
     assert ops.find_batch_size({"x": torch.zeros(5, 2)}) == 5
 

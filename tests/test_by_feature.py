@@ -138,10 +138,11 @@ def test_early_stopping_example_stops_every_process(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_memory_example_halves_the_batch_size_until_it_fits():
+def test_memory_example_shrinks_the_batch_size_until_it_fits():
     result = _run("memory.py", "--batch_size", "128", "--pretend_memory_for", "32")
     tries = [line for line in result.stdout.splitlines() if line.startswith("trying batch size")]
-    assert tries == ["trying batch size 128", "trying batch size 64", "trying batch size 32"], result.stdout[-2000:]
+    sizes = [128, 115, 103, 92, 82, 73, 65, 58, 52, 46, 41, 36, 32]  # 90% a try, rounded down, as Accelerate
+    assert tries == [f"trying batch size {size}" for size in sizes], result.stdout[-2000:]
 
 
 @pytest.mark.multiprocess

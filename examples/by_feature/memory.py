@@ -1,4 +1,4 @@
-"""find_executable_batch_size: start big, halve the batch size on out-of-memory errors, go on.
+"""find_executable_batch_size: start big, take 90% of the batch size after each out-of-memory error, go on.
 
 This is base.py plus the lines marked ``# New Code #``.
 """
@@ -31,7 +31,7 @@ def training_function(args):
 
     # New Code #
     # everything that depends on the batch size lives in a function the decorator calls again,
-    # with half the batch size, after an out-of-memory error (free what the failed try held first)
+    # with 90% of the batch size, after an out-of-memory error (free what the failed try held first)
     @find_executable_batch_size(starting_batch_size=args.batch_size)
     def inner_training_loop(batch_size):
         nonlocal accelerator

@@ -117,7 +117,8 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
     for name in dropped:
         del state_dict[name]
     if dropped:
-        logger.warning(f"removed the shared tensors {set(dropped)} while saving (tied weights are stored once).")
+        logger.warning(f"Removed shared tensor {set(dropped)} while saving: tied weights are stored once (check that "
+                       "reloading warns of no missing weights).")
     return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
 
 

@@ -11,11 +11,24 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
-from typing import Any, Iterator
+import sys
+from typing import Any, Callable, Iterator, TypeVar, cast
 
 __all__ = ["clear_environment", "convert_dict_to_env_variables", "get_int_from_env", "parse_choice_from_env",
-           "parse_flag_from_env", "patch_environment", "str_to_bool"]
+           "parse_flag_from_env", "patch_environment", "purge_accelerate_environment", "str_to_bool"]
+
+_T = TypeVar("_T")
+# Characters that would break the `KEY=value` lines of an environment file (or a shell reading them).
+_FORBIDDEN_IN_ENV_LINES = (";", "\n", "<", ">", " ")
+
+
+def _logger() -> logging.Logger:
+    """Under the accelerate switch, Accelerate's logger name for this module, so code listening to it hears us."""
+    switched = getattr(sys.modules.get("accelerate"), "__name__", None) == "hasten"
+    return logging.getLogger("accelerate.utils.environment" if switched else __name__)
 
 
 def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
@@ -68,13 +81,22 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
 
 
 def convert_dict_to_env_variables(current_env: dict[str, Any]) -> list[str]:
-    """`KEY=value` lines for each entry (entries with empty keys or values are skipped).
+    """`KEY=value` lines for each entry; an entry with an empty key or value, or holding ``; < >``, a space or a
+    newline, is skipped with a warning (as Accelerate's).
 
     Example:
-        >>> convert_dict_to_env_variables({"A": 1, "B": ""})
+        >>> convert_dict_to_env_variables({"A": 1, "B": "", "C": "x y"})
         ['A=1\\n']
     """
-    return [f"{key}={value}\n" for key, value in current_env.items() if key and str(value)]
+    lines = []
+    for key, value in current_env.items():
+        text = f"{key}{value}"
+        if key and str(value) and not any(char in text for char in _FORBIDDEN_IN_ENV_LINES):
+            lines.append(f"{key}={value}\n")
+        else:
+            _logger().warning(f"Skipping {key}={value}: an environment line needs a key and a value, without ';', "
+                              "'<', '>', spaces or newlines; fix the value to keep it.")
+    return lines
 
 
 @contextlib.contextmanager
@@ -131,3 +153,61 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+_PURGE_MARK = "__hasten_purges_accelerate_environment__"
+
+
+def _purging(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def purged(*args: Any, **kwargs: Any) -> Any:
+        saved = {key: value for key, value in os.environ.items() if key.startswith("ACCELERATE_")}
+        try:
+            return function(*args, **kwargs)
+        finally:
+            for key in [key for key in os.environ if key.startswith("ACCELERATE_") and key not in saved]:
+                del os.environ[key]
+            os.environ.update(saved)
+
+    setattr(purged, _PURGE_MARK, True)
+    return purged
+
+
+def _purge_tests_of(cls: type) -> None:
+    for name in dir(cls):
+        method = getattr(cls, name)
+        if name.startswith("test") and callable(method) and not getattr(method, _PURGE_MARK, False):
+            setattr(cls, name, _purging(method))
+
+
+def purge_accelerate_environment(func_or_cls: _T) -> _T:
+    """Decorator: after the function (or each ``test*`` method of the class and of its subclasses) the
+    ``ACCELERATE_*`` environment variables are as they were before it: new ones removed, changed ones restored.
+
+    Libraries set such variables and leave them (transformers' `TrainingArguments(fp16=True)` sets
+    ``ACCELERATE_MIXED_PRECISION``), which then steer later code; decorate a test or test class with this to keep
+    tests apart. Works on `unittest.TestCase` and plain pytest classes, under their skip and fixture marks.
+
+    Example:
+        >>> @purge_accelerate_environment
+        ... def configure():
+        ...     os.environ["ACCELERATE_MIXED_PRECISION"] = "fp16"
+        >>> configure()
+        >>> "ACCELERATE_MIXED_PRECISION" in os.environ
+        False
+    """
+    if not isinstance(func_or_cls, type):
+        return _purging(func_or_cls)  # type: ignore[arg-type,return-value]
+    cls = cast(type, func_or_cls)
+    _purge_tests_of(cls)
+    own = cls.__dict__.get("__init_subclass__")
+
+    def init_subclass(subclass: type, **kwargs: Any) -> None:
+        if own is not None:
+            own.__func__(subclass, **kwargs)
+        else:
+            super(cls, subclass).__init_subclass__(**kwargs)  # type: ignore[misc,arg-type]
+        _purge_tests_of(subclass)
+
+    cls.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment,method-assign]
+    return func_or_cls

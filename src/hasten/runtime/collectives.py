@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import sys
+import warnings
 import zlib
 from collections.abc import Mapping
 from typing import Any, Callable, cast
@@ -49,7 +50,23 @@ __all__ = [
     "broadcast_object_list",
     "pad_across_processes",
     "split_for_process",
+    "CannotPadNestedTensorWarning",
 ]
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """Warned by `pad_across_processes` when it meets a nested tensor, which it hands back unpadded.
+
+    Example:
+        >>> import warnings
+        >>> nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(1)])
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     pad_across_processes(nested) is nested
+        True
+        >>> [w.category for w in caught] == [CannotPadNestedTensorWarning]
+        True
+    """
 
 
 def _is_tensor(data: Any) -> bool:
@@ -88,10 +105,10 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
             changes = {f.name: walk(getattr(item, f.name)) for f in dataclasses.fields(item) if f.init}
             return dataclasses.replace(item, **changes)
-        if error_on_other_type:
-            kind = getattr(test_type, "__name__", "a tensor")
-            raise TypeError(f"{getattr(func, '__name__', 'the function')} got a {type(item).__name__}; pass nested "
-                            f"lists, tuples, dicts or dataclasses of leaves accepted by {kind}.")
+        if error_on_other_type:  # Accelerate's exact sentence: callers compare it
+            kind = "is_torch_tensor" if test_type is None else getattr(test_type, "__name__", "test_type")
+            raise TypeError(f"Unsupported types ({type(item)}) passed to `{getattr(func, '__name__', func)}`. Only "
+                            f"nested list/tuple/dicts of objects that are valid for `{kind}` should be passed.")
         return item
 
     return walk(data)
@@ -133,9 +150,9 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _leaves(data: Any) -> list[torch.Tensor]:
+def _leaves(data: Any, test_type: Callable[[Any], bool] | None = None) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
-    recursively_apply(lambda t: found.append(t), data)
+    recursively_apply(lambda t: found.append(t), data, test_type=test_type)
     return found
 
 
@@ -411,19 +428,38 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
         >>> pad_across_processes(torch.tensor([1, 2]))
         tensor([1, 2])
     """
+    if _holds_nested(data):  # on one process too, as Accelerate: its warning says the data is left as it is
+        warnings.warn("Cannot pad nested tensors without more information (their rows differ in length); "
+                      "leaving them unpadded.", CannotPadNestedTensorWarning, stacklevel=2)
     if not _distributed():
         return data
     with watchdog.waiting("pad_across_processes"):
-        tensors = _leaves(data)
+        tensors = _leaves(data, _is_flat_tensor)
         if host_board.board() is None or 8 * len(tensors) > host_board.PAYLOAD:
             _agree("pad_across_processes", tensors, ignore_dim=dim)
-            return recursively_apply(_pad_one(dim, pad_index, pad_first, None), data)
+            return recursively_apply(_pad_one(dim, pad_index, pad_first, None), data, test_type=_is_flat_tensor)
         # On one machine each process's sizes along `dim` travel with the agreement: no collective at all.
         mine = [t.shape[dim] if -t.ndim <= dim < t.ndim else -1 for t in tensors]
         payloads = _agree("pad_across_processes", tensors, ignore_dim=dim, payload=struct.pack(f"<{len(mine)}q", *mine))
         assert payloads is not None
         longest = iter([max(sizes) for sizes in zip(*(struct.unpack(f"<{len(mine)}q", p) for p in payloads))])
-        return recursively_apply(_pad_one(dim, pad_index, pad_first, lambda: next(longest)), data)
+        return recursively_apply(_pad_one(dim, pad_index, pad_first, lambda: next(longest)), data,
+                                 test_type=_is_flat_tensor)
+
+
+def _is_nested_tensor(data: Any) -> bool:
+    return isinstance(data, torch.Tensor) and data.is_nested
+
+
+def _is_flat_tensor(data: Any) -> bool:
+    """A tensor `pad_across_processes` can pad (nested tensors are left as they are)."""
+    return isinstance(data, torch.Tensor) and not data.is_nested
+
+
+def _holds_nested(data: Any) -> bool:
+    found: list[bool] = []
+    recursively_apply(lambda t: found.append(True), data, test_type=_is_nested_tensor)
+    return bool(found)
 
 
 def _pad_one(dim: int, pad_index: int, pad_first: bool,

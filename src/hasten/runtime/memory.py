@@ -74,12 +74,14 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
 
 def find_executable_batch_size(function: Callable[..., Any] | None = None, starting_batch_size: int = 128,
                                reduce_batch_size_fn: Callable[[], int] | None = None) -> Callable[..., Any]:
-    """Decorator: call `function(batch_size, ...)`, halving `batch_size` after each out-of-memory error until it runs.
+    """Decorator: call `function(batch_size, ...)`, shrinking `batch_size` after each out-of-memory error until it runs.
 
     The decorated function takes the batch size as its FIRST parameter and
-    is called without it. Other exceptions are re-raised; reaching batch size
-    0 raises RuntimeError. `reduce_batch_size_fn()` replaces the halving (it
-    returns the next size). The size that worked is kept for the next call.
+    is called without it. After an out-of-memory error the next try gets 90%
+    of the size, rounded down (Accelerate 1.15's step: 128, 115, 103, ...);
+    other exceptions are re-raised; reaching batch size 0 raises
+    RuntimeError. `reduce_batch_size_fn()` replaces that step (it returns the
+    next size). The size that worked is kept for the next call.
     Under several processes, every process must run out of memory at the
     same size (the batch sizes would differ otherwise).
 
@@ -90,7 +92,7 @@ def find_executable_batch_size(function: Callable[..., Any] | None = None, start
         ...         raise torch.OutOfMemoryError("CUDA out of memory.")
         ...     return batch_size
         >>> train(20)
-        16
+        19
     """
     if function is None:
         return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
@@ -99,7 +101,7 @@ def find_executable_batch_size(function: Callable[..., Any] | None = None, start
     if reduce_batch_size_fn is None:
         def reduce_batch_size_fn() -> int:
             nonlocal batch_size
-            batch_size = batch_size // 2
+            batch_size = int(batch_size * 0.9)  # 90% a try, as Accelerate 1.15
             return batch_size
 
     @functools.wraps(function)
@@ -109,12 +111,12 @@ def find_executable_batch_size(function: Callable[..., Any] | None = None, start
         params = list(inspect.signature(function).parameters)
         if len(params) < len(args) + 1:
             shown = ", ".join(f"{name}={value}" for name, value in zip(params[1:], args[1:]))
-            raise TypeError(f"{function.__name__} got the batch size as an argument, but the decorator passes it; "
-                            f"call {function.__name__}({shown}) without it.")
+            raise TypeError(f"Batch size was passed into `{function.__name__}` as the first argument, but the "
+                            f"decorator passes it; call {function.__name__}({shown}) without it.")
         while True:
             if batch_size <= 0:
-                raise RuntimeError(f"{function.__name__} ran out of memory at every batch size down to 1; "
-                                   "make the model or inputs smaller.")
+                raise RuntimeError(f"No executable batch size found, reached zero: {function.__name__} ran out of "
+                                   "memory at every batch size down to 1; make the model or inputs smaller.")
             try:
                 return function(batch_size, *args, **kwargs)
             except Exception as error:  # noqa: BLE001 - re-raised unless it is an out-of-memory error

@@ -33,6 +33,7 @@ __all__ = [
     "convert_to_fp32",
     "copy_tensor_to_devices",
     "find_batch_size",
+    "find_device",
     "gather",
     "gather_object",
     "honor_type",
@@ -178,6 +179,25 @@ def find_batch_size(data: Any) -> int:
                      "pass a tensor or a nested structure holding one.")
 
 
+def find_device(data: Any) -> torch.device | None:
+    """The device of the first tensor found in nested lists, tuples and dicts; None when there is none.
+
+    Example:
+        >>> find_device([1, "a", {"x": torch.zeros(1)}])
+        device(type='cpu')
+        >>> find_device([1, "a"]) is None
+        True
+    """
+    if isinstance(data, torch.Tensor):
+        return data.device
+    parts = data.values() if isinstance(data, Mapping) else data if isinstance(data, (list, tuple)) else ()
+    for part in parts:
+        device = find_device(part)
+        if device is not None:
+            return device
+    return None
+
+
 def ignorant_find_batch_size(data: Any) -> int | None:
     """`find_batch_size`, or None when there is no tensor.
 
@@ -236,18 +256,26 @@ def slice_tensors(data: Any, tensor_slice: slice | int, process_index: int | Non
 def concatenate(data: list[Any], dim: int = 0) -> Any:
     """Concatenate a list of (nested) batches of the same structure along `dim`.
 
+    A single batch comes back as it is, whatever it holds (as Accelerate's); several batches must hold tensors
+    where they hold anything.
+
     Example:
         >>> concatenate([{"x": torch.ones(1)}, {"x": torch.zeros(1)}])
         {'x': tensor([1., 0.])}
+        >>> concatenate(["only batch"])
+        'only batch'
     """
     first = data[0]
     if isinstance(first, (list, tuple)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
         return cast(Any, type(first))({k: concatenate([d[k] for d in data], dim=dim) for k in first.keys()})
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"concatenate got a list of {type(first).__name__}; pass lists of tensors or nested structures of them.")
-    return torch.cat(data, dim=dim)
+    if isinstance(first, torch.Tensor):
+        return torch.cat(data, dim=dim)
+    if isinstance(data, (list, tuple)) and len(data) == 1:
+        return first
+    raise TypeError(f"Can only concatenate tensors but got {type(first)}: concatenate found {len(data)} batches "
+                    "holding that; pass lists of tensors or nested structures of them.")
 
 
 def convert_to_fp32(tensor: Any) -> Any:

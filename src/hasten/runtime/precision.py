@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pickle
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,7 +24,8 @@ import torch
 
 from ..process.launch_spec import MIXED_PRECISION_CHOICES, cpu_fp16_enabled, fp8_problem
 
-__all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32"]
+__all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32",
+           "ConvertOutputsToFp32", "convert_outputs_to_fp32"]
 
 # fp8 runs its forward under bf16 autocast as in Accelerate; the fp8 matrix products are `hasten.fp8`'s Float8Linear.
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -43,6 +45,51 @@ def convert_to_fp32(outputs: Any) -> Any:
     from .collectives import recursively_apply
 
     return recursively_apply(lambda t: t.float(), outputs, test_type=_is_half)
+
+
+class ConvertOutputsToFp32:
+    """A forward whose fp16/bf16 outputs come back as fp32 (Accelerate's class of that name); it refuses pickling.
+
+    Its ``__wrapped__`` is the forward it calls, so unwrapping and `inspect.signature` reach it.
+
+    Example:
+        >>> half = ConvertOutputsToFp32(lambda x: x.half())
+        >>> half(torch.ones(1)).dtype
+        torch.float32
+    """
+
+    def __init__(self, model_forward: Callable[..., Any]) -> None:
+        self.model_forward = model_forward
+        functools.update_wrapper(self, model_forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return convert_to_fp32(self.model_forward(*args, **kwargs))
+
+    def __getstate__(self) -> Any:
+        raise pickle.PicklingError("Cannot pickle a model whose forward casts its outputs to fp32 (a prepared model "
+                                   "under mixed precision); pickle accelerator.unwrap_model(model) instead.")
+
+
+def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`model_forward` wrapped so that its fp16/bf16 outputs (nested too) are cast to fp32.
+
+    The result is a plain function (it binds like a method) whose ``__wrapped__`` is a `ConvertOutputsToFp32`,
+    so `extract_model_from_parallel(model, keep_fp32_wrapper=False)` can take it off again when the model keeps
+    its original forward as ``model._original_forward``, as Accelerate's `prepare` does.
+
+    Example:
+        >>> forward = convert_outputs_to_fp32(lambda x: x.to(torch.bfloat16))
+        >>> forward(torch.ones(2)).dtype
+        torch.float32
+    """
+    wrapper = ConvertOutputsToFp32(model_forward)
+
+    @functools.wraps(model_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(*args, **kwargs)
+
+    forward.__wrapped__ = wrapper  # type: ignore[attr-defined]  # the chain unwrapping walks
+    return forward
 
 
 def check_precision_supported(precision: str, device_type: str, bf16_supported: bool | None = None) -> None:

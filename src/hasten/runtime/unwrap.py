@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+from types import MethodType
 from typing import Any, cast
 
 import torch
@@ -45,7 +47,9 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     With `keep_torch_compile=True` a compiled wrapper is kept (around the
     unwrapped module); `keep_fp32_wrapper=False` also removes the
     autocast wrapper hasten put on the forward (and Transformer Engine's
-    fp8 autocast, as Accelerate's). A model made by
+    fp8 autocast, as Accelerate's), and, for a model that keeps its own
+    forward as ``model._original_forward`` (Accelerate's way), every
+    ``__wrapped__`` layer put over it. A model made by
     `compile_regions` counts as compiled: `keep_torch_compile=False` gives
     back the original it keeps under ``__dict__["_orig_mod"]``.
 
@@ -80,6 +84,8 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
                     del model.forward
                 else:
                     model.forward = original
+        if "_original_forward" in vars(model):
+            _restore_original_forward(model, vars(model).pop("_original_forward"))
     if compiled is not None and keep_torch_compile:
         if regions:
             compiled.__dict__["_orig_mod"] = model
@@ -87,6 +93,18 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
             compiled._orig_mod = model
         return compiled
     return model
+
+
+def _restore_original_forward(model: nn.Module, original: Any) -> None:
+    """Walk `model.forward`'s ``__wrapped__`` chain down to `original` (or its end) and make that the forward."""
+    forward = getattr(model, "forward")
+    while forward != original and hasattr(forward, "__wrapped__"):
+        forward = forward.__wrapped__
+    function = getattr(forward, "__func__", forward) if getattr(forward, "__self__", None) is model else forward
+    if function is type(model).forward:
+        vars(model).pop("forward", None)  # the class's own forward again: nothing left on the instance
+    else:
+        model.forward = MethodType(function, model) if inspect.isfunction(function) else function
 
 
 def _unwrap_children(module: nn.Module) -> nn.Module:

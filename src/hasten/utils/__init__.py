@@ -15,6 +15,7 @@ from .operations import (
     convert_to_fp32,
     copy_tensor_to_devices,
     find_batch_size,
+    find_device,
     gather,
     gather_object,
     honor_type,
@@ -29,6 +30,7 @@ from .operations import (
     send_to_device,
     slice_tensors,
 )
+from .operations import CannotPadNestedTensorWarning, convert_outputs_to_fp32
 from .dataclasses import (
     AutocastKwargs,
     ComputeEnvironment,
@@ -52,6 +54,7 @@ from .environment import (
     parse_choice_from_env,
     parse_flag_from_env,
     patch_environment,
+    purge_accelerate_environment,
     str_to_bool,
 )
 from .imports import *  # noqa: F401,F403 - the is_*_available probes
@@ -60,6 +63,7 @@ from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
     clean_state_dict_for_safetensors,
+    check_os_kernel,
     compile_regions,
     compile_regions_deepspeed,
     compile_regions_fsdp2,
@@ -180,6 +184,9 @@ __all__ = [
     "SageMakerDistributedType",
     "find_batch_size",
     "honor_type",
+    "find_device",
+    "CannotPadNestedTensorWarning",
+    "convert_outputs_to_fp32",
     "ignorant_find_batch_size",
     "is_namedtuple",
     "is_torch_tensor",
@@ -201,6 +208,7 @@ __all__ = [
     "parse_flag_from_env",
     "patch_environment",
     "str_to_bool",
+    "purge_accelerate_environment",
     "PrepareForLaunch",
     "clear_device_cache",
     "find_executable_batch_size",
@@ -217,6 +225,7 @@ __all__ = [
     "is_compiled_module",
     "is_port_in_use",
     "merge_dicts",
+    "check_os_kernel",
     "recursive_getattr",
     "wait_for_everyone",
     "write_basic_config",

@@ -17,8 +17,10 @@ from ..core.environment import (
     parse_choice_from_env,
     parse_flag_from_env,
     patch_environment,
+    purge_accelerate_environment,
     str_to_bool,
 )
 
 __all__ = ["check_cuda_fp8_capability", "clear_environment", "convert_dict_to_env_variables", "get_int_from_env",
-           "parse_choice_from_env", "parse_flag_from_env", "patch_environment", "str_to_bool"]
+           "parse_choice_from_env", "parse_flag_from_env", "patch_environment", "purge_accelerate_environment",
+           "str_to_bool"]

@@ -8,7 +8,8 @@ Example:
     tensor([1, 2])
 """
 
-from ..runtime.collectives import recursively_apply, send_to_device
+from ..runtime.collectives import CannotPadNestedTensorWarning, recursively_apply, send_to_device
+from ..runtime.precision import ConvertOutputsToFp32, convert_outputs_to_fp32
 from ..core.errors import DistributedOperationException
 from ..runtime.operations import (
     broadcast,
@@ -17,6 +18,7 @@ from ..runtime.operations import (
     convert_to_fp32,
     copy_tensor_to_devices,
     find_batch_size,
+    find_device,
     gather,
     gather_object,
     honor_type,
@@ -31,6 +33,10 @@ from ..runtime.operations import (
 )
 
 __all__ = [
+    "CannotPadNestedTensorWarning",
+    "ConvertOutputsToFp32",
+    "convert_outputs_to_fp32",
+    "find_device",
     "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",

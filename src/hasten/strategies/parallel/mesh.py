@@ -324,7 +324,7 @@ class ParallelismConfig:
                                 ("dp_cp", self.dp_cp_dim_names)):
             if dims:  # a single dim flattens to an alias of itself, so mesh["dp"] always works once dp is on
                 # the names go as a list, as Accelerate slices them (libraries patching the mesh see the same call)
-                self.flattened_meshes[flat_name] = mesh[dims]._flatten(flat_name)
+                self.flattened_meshes[flat_name] = mesh[dims]._flatten(flat_name)  # type: ignore[index]
         self.device_mesh = mesh
         return mesh
 
