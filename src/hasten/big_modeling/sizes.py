@@ -11,7 +11,6 @@ import math
 import numbers
 import os
 import re
-import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -263,7 +262,7 @@ def _device_in_map(name: str, device_map: Mapping[str, Any]) -> Any:
 
 
 def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_map: Mapping[str, Any]) -> None:
-    """Warn when the names of one tied parameter are put on different devices by `device_map`.
+    """Log a warning when the names of one tied parameter are put on different devices by `device_map`.
 
     Example:
         >>> check_tied_parameters_on_same_device([["a.weight", "b.weight"]], {"a": 0, "b": 0})
@@ -271,8 +270,9 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
     for group in tied_params:
         devices = {name: _device_in_map(name, device_map) for name in group}
         if len({str(device) for device in devices.values()}) > 1:
-            warnings.warn(f"tied parameters are put on different devices {devices}: they will be stored twice and drift "
-                          "apart; put their modules on one device (device_map='auto' does).", stacklevel=2)
+            # a log line, as Accelerate's (not a Python warning, which callers may turn into errors)
+            _log.warning(f"Tied parameters are on different devices {devices}: they will be stored twice and drift "
+                         "apart; put their modules on one device (device_map='auto' does).")
 
 
 def _available_ram() -> int:
