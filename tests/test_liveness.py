@@ -124,3 +124,33 @@ def test_a_rank_that_sleeps_or_holds_the_gil_three_times_the_limit_is_not_frozen
                     timeout=180)
     assert sorted(re.findall(r"DONE (\d)", result.stdout)) == ["0", "1"], result.stdout + result.stderr
     assert "stopped responding" not in result.stderr
+
+
+def test_a_stopped_rank_of_a_launcher_killed_with_sigkill_ends_too(tmp_path):
+    # Linux's parent-death SIGTERM stays pending in a stopped process: without the launcher's guardian,
+    # rank 1 would stay stopped forever once the launcher is gone.
+    token = f"hasten-liveness-test-{uuid.uuid4().hex}"
+    out, log = tmp_path / "out", tmp_path / "launcher.log"
+    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(SCRIPT), "freeze", str(out), token]
+    with open(log, "w") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while len([p for p in out.glob("ready.rank*") if p.read_text()]) < 2:
+            assert process.poll() is None, f"the run ended before the ranks were ready:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the ranks were not ready after {START_TIMEOUT} s:\n{log.read_text()}"
+            time.sleep(0.1)
+        stopped = int((out / "ready.rank1").read_text())
+        os.kill(stopped, signal.SIGSTOP)
+        time.sleep(0.5)
+        assert Path(f"/proc/{stopped}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"  # really stopped
+        process.kill()  # SIGKILL to the launcher alone: nothing of it runs any more
+        process.wait()
+        left = wait_gone(token, 30)  # the guardian continues the ranks, waits 10 s, then kills what is left
+        assert not left, f"ranks outlived their launcher killed with SIGKILL: {left}\n{log.read_text()}"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        kill_all(processes_with(token))

@@ -34,6 +34,7 @@ from ..process.launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, H
                            PROGRESS_FILE_ENV, LaunchSpec)
 from .failures import all_failures, failure_summary
 from .leftovers import empty, owned_directory, shared_directory
+from .guardian import start as guardian_of, stop as stop_guardian
 from .liveness import Monitor
 from .plan import LaunchPlan
 from .worker import AGENT_SIGNALS
@@ -221,8 +222,12 @@ def _watched(plan: LaunchPlan, run_dir: str, name: str) -> Iterator[Monitor]:
     """Give the workers a heartbeat directory (a fresh one per attempt) and watch it while the block runs."""
     directory = os.environ[HEARTBEAT_DIR_ENV] = os.path.join(run_dir, f"heartbeats-{name}")
     os.makedirs(directory, exist_ok=True)
-    with Monitor(directory, plan.liveness_timeout, plan.num_processes) as monitor:
-        yield monitor
+    guardian = guardian_of(os.getpid(), directory)  # ends the ranks, stopped ones too, if this launcher is killed
+    try:
+        with Monitor(directory, plan.liveness_timeout, plan.num_processes) as monitor:
+            yield monitor
+    finally:
+        stop_guardian(guardian)
 
 
 def _elastic_config(plan: LaunchPlan, log_dir: str) -> tuple[Any, Any, tuple[Any, ...]]:
