@@ -155,3 +155,22 @@ def test_build_device_mesh_slices_flattened_dims_by_list_without_a_group():
         assert config.build_device_mesh("cpu") is built
     init.assert_called_once_with("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
     assert [call.args for call in built.__getitem__.call_args_list] == [(["dp_shard"],)] * 3
+
+
+def test_data_structure_round_trip_and_environment_facts(monkeypatch):
+    from hasten.utils import (TensorInformation, are_libraries_initialized, get_cpu_distributed_information,
+                              get_current_device_type, get_data_structure, initialize_tensors, is_tensor_information)
+
+    layout = get_data_structure({"x": torch.zeros(2, 3, dtype=torch.int64), "meta": "kept"})
+    assert layout == {"x": TensorInformation(torch.Size([2, 3]), torch.int64), "meta": "kept"}
+    assert is_tensor_information(layout["x"]) and not is_tensor_information(layout["meta"])
+    rebuilt = initialize_tensors(layout)
+    assert (rebuilt["x"].shape, rebuilt["x"].dtype, rebuilt["meta"]) == (torch.Size([2, 3]), torch.int64, "kept")
+    assert are_libraries_initialized("torch", "surely_not_imported_here") == ["torch"]
+    assert get_current_device_type() == ("cuda", "MULTI_GPU")  # no other accelerator kind on this machine
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    for name in ("RANK", "PMI_RANK", "WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    info = get_cpu_distributed_information()
+    assert (info.rank, info.world_size) == (2, 4)

@@ -15,9 +15,13 @@ import functools
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar, cast
 
-__all__ = ["clear_environment", "convert_dict_to_env_variables", "get_int_from_env", "parse_choice_from_env",
+from . import availability
+
+__all__ = ["CPUInformation", "are_libraries_initialized", "clear_environment", "convert_dict_to_env_variables",
+           "get_cpu_distributed_information", "get_current_device_type", "get_int_from_env", "parse_choice_from_env",
            "parse_flag_from_env", "patch_environment", "purge_accelerate_environment", "str_to_bool"]
 
 _T = TypeVar("_T")
@@ -211,3 +215,68 @@ def purge_accelerate_environment(func_or_cls: _T) -> _T:
 
     cls.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment,method-assign]
     return func_or_cls
+
+
+def are_libraries_initialized(*library_names: str) -> list[str]:
+    """The names among `library_names` that this process has already imported.
+
+    Example:
+        >>> are_libraries_initialized("os", "surely_not_a_module")
+        ['os']
+    """
+    return [name for name in library_names if name in sys.modules]
+
+
+# (probe, device type, Accelerate's multi-device distributed type), in Accelerate's order of preference
+_DEVICE_KINDS = (("is_mlu_available", "mlu", "MULTI_MLU"), ("is_sdaa_available", "sdaa", "MULTI_SDAA"),
+                 ("is_musa_available", "musa", "MULTI_MUSA"), ("is_npu_available", "npu", "MULTI_NPU"),
+                 ("is_hpu_available", "hpu", "MULTI_HPU"), ("is_xpu_available", "xpu", "MULTI_XPU"),
+                 ("is_neuron_available", "neuron", "MULTI_NEURON"))
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """``(device type, distributed type)`` of this machine's accelerators, found without initialising one:
+    ``("cuda", "MULTI_GPU")`` unless another kind of accelerator is there (as Accelerate decides it).
+
+    Example:
+        >>> get_current_device_type()[0] in ("cuda", "xpu", "npu", "hpu", "mlu", "sdaa", "musa", "neuron")
+        True
+    """
+    for probe, device_type, distributed_type in _DEVICE_KINDS:
+        if getattr(availability, probe)():
+            return device_type, distributed_type
+    return "cuda", "MULTI_GPU"
+
+
+@dataclass
+class CPUInformation:
+    """Where this process stands among the processes of a CPU run (`get_cpu_distributed_information`).
+
+    Example:
+        >>> CPUInformation(rank=1, world_size=2).local_world_size
+        1
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+
+def get_cpu_distributed_information() -> CPUInformation:
+    """Rank, world size, local rank and local world size from torchrun's, Intel MPI's / MPICH's, Open MPI's or
+    MVAPICH's variables (the first set), else a single process.
+
+    Example:
+        >>> with patch_environment(RANK=3, WORLD_SIZE=4):
+        ...     get_cpu_distributed_information().rank
+        3
+    """
+    return CPUInformation(
+        rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
+        world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),
+        local_rank=get_int_from_env(["LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                     "MV2_COMM_WORLD_LOCAL_RANK"], 0),
+        local_world_size=get_int_from_env(["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                           "MV2_COMM_WORLD_LOCAL_SIZE"], 1),
+    )

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -26,6 +27,10 @@ from .collectives import recursively_apply, send_to_device
 from ..core.errors import DistributedOperationException
 
 __all__ = [
+    "TensorInformation",
+    "get_data_structure",
+    "initialize_tensors",
+    "is_tensor_information",
     "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",
@@ -82,6 +87,50 @@ def honor_type(obj: Any, generator: Any) -> Any:
     if is_namedtuple(obj):
         return type(obj)(*list(generator))
     return type(obj)(generator)
+
+
+@dataclass
+class TensorInformation:
+    """A tensor's shape and dtype, standing for it where only the layout of a batch travels.
+
+    Example:
+        >>> TensorInformation(shape=torch.Size([2]), dtype=torch.int64).shape
+        torch.Size([2])
+    """
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def is_tensor_information(tensor_info: Any) -> bool:
+    """True for a `TensorInformation`.
+
+    Example:
+        >>> is_tensor_information(TensorInformation(torch.Size([1]), torch.float32)), is_tensor_information(1)
+        (True, False)
+    """
+    return isinstance(tensor_info, TensorInformation)
+
+
+def get_data_structure(data: Any) -> Any:
+    """`data` with each tensor replaced by its `TensorInformation` (nested lists, tuples, dicts kept).
+
+    Example:
+        >>> get_data_structure({"x": torch.zeros(2, 3)})["x"].shape
+        torch.Size([2, 3])
+    """
+    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    """The reverse of `get_data_structure`: an uninitialised tensor of each `TensorInformation`'s shape and dtype.
+
+    Example:
+        >>> initialize_tensors({"x": TensorInformation(torch.Size([2]), torch.int64)})["x"].dtype
+        torch.int64
+    """
+    return recursively_apply(lambda info: torch.empty(*info.shape, dtype=info.dtype), data_structure,
+                             test_type=is_tensor_information)
 
 
 def gather(tensor: Any) -> Any:

@@ -31,6 +31,9 @@ from .operations import (
     slice_tensors,
 )
 from .operations import CannotPadNestedTensorWarning, convert_outputs_to_fp32
+from .operations import get_data_structure, initialize_tensors, is_tensor_information
+from .dataclasses import TensorInformation
+from .environment import are_libraries_initialized, get_cpu_distributed_information, get_current_device_type
 from .dataclasses import (
     AutocastKwargs,
     ComputeEnvironment,
@@ -62,8 +65,8 @@ from ..core.availability import PROBES as _probes
 from .launch import PrepareForLaunch
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
-    clean_state_dict_for_safetensors,
     check_os_kernel,
+    clean_state_dict_for_safetensors,
     compile_regions,
     compile_regions_deepspeed,
     compile_regions_fsdp2,
@@ -183,10 +186,17 @@ __all__ = [
     "FP8BackendType",
     "SageMakerDistributedType",
     "find_batch_size",
-    "honor_type",
     "find_device",
     "CannotPadNestedTensorWarning",
     "convert_outputs_to_fp32",
+    "get_data_structure",
+    "initialize_tensors",
+    "is_tensor_information",
+    "TensorInformation",
+    "are_libraries_initialized",
+    "get_cpu_distributed_information",
+    "get_current_device_type",
+    "honor_type",
     "ignorant_find_batch_size",
     "is_namedtuple",
     "is_torch_tensor",
@@ -207,8 +217,8 @@ __all__ = [
     "parse_choice_from_env",
     "parse_flag_from_env",
     "patch_environment",
-    "str_to_bool",
     "purge_accelerate_environment",
+    "str_to_bool",
     "PrepareForLaunch",
     "clear_device_cache",
     "find_executable_batch_size",
@@ -219,13 +229,13 @@ __all__ = [
     "compile_regions_fsdp2",
     "convert_bytes",
     "extract_model_from_parallel",
+    "check_os_kernel",
     "has_compiled_regions",
     "get_free_port",
     "get_pretty_name",
     "is_compiled_module",
     "is_port_in_use",
     "merge_dicts",
-    "check_os_kernel",
     "recursive_getattr",
     "wait_for_everyone",
     "write_basic_config",

@@ -41,6 +41,7 @@ from ..strategies.parallel.context_config import TorchContextParallelConfig
 from ..tracking.base import LoggerType
 from ..fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from ..core.unavailable import MegatronLMPlugin
+from ..runtime.operations import TensorInformation
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DistributedDataParallelKwargs",
@@ -52,4 +53,5 @@ __all__ = [
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
     "TorchContextParallelConfig",
+    "TensorInformation",
 ]

@@ -11,6 +11,10 @@ Example:
 
 from ..launch.gpus import check_cuda_fp8_capability
 from ..core.environment import (
+    CPUInformation,
+    are_libraries_initialized,
+    get_cpu_distributed_information,
+    get_current_device_type,
     clear_environment,
     convert_dict_to_env_variables,
     get_int_from_env,
@@ -21,6 +25,7 @@ from ..core.environment import (
     str_to_bool,
 )
 
-__all__ = ["check_cuda_fp8_capability", "clear_environment", "convert_dict_to_env_variables", "get_int_from_env",
+__all__ = ["CPUInformation", "are_libraries_initialized", "get_cpu_distributed_information", "get_current_device_type",
+           "check_cuda_fp8_capability", "clear_environment", "convert_dict_to_env_variables", "get_int_from_env",
            "parse_choice_from_env", "parse_flag_from_env", "patch_environment", "purge_accelerate_environment",
            "str_to_bool"]
