@@ -159,10 +159,13 @@ def test_sharded_checkpoint_resumes_to_the_same_parameters(runs):
     assert _max_diff(_load(two / "ckptfull.safetensors"), _load(two / "resumedfull.safetensors")) <= 1e-7
     # the resumed run really started at step 3: it ran 5 of the 8 steps
     assert len(_info(two, "resumed")["losses"]) == STEPS - 3
-    files = json.loads((root / "ckpt" / "hasten_checkpoint.json").read_text())["files"]
+    manifest = json.loads((root / "ckpt" / "hasten_checkpoint.json").read_text())
+    files = manifest["files"]
     for expected in ("pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp",
                      "pytorch_model_fsdp_0/__1_0.distcp", "optimizer_0/.metadata"):
         assert expected in files, sorted(files)
+    # each process hashed the shards it wrote, and together they hashed every file (checked before any load)
+    assert sorted(manifest["hashes"]["files"]) == sorted(files)
     assert "model.safetensors" in json.loads((root / "ckpt_full" / "hasten_checkpoint.json").read_text())["files"]
 
 

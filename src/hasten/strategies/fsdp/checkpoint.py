@@ -124,7 +124,28 @@ def load_full_gradients(model: nn.Module, gradients: dict[str, torch.Tensor]) ->
 
 # -- sharded files --------------------------------------------------------------------------------------
 def _files_under(root: Path, directory: Path) -> dict[str, int]:
-    return {str(f.relative_to(root)): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()}
+    """The files this process wrote into a DCP `directory`: its own shards (``__<rank>_*.distcp``, named by DCP's
+    file-system writer) and, on the coordinating process, ``.metadata``. On a disk every process shares, the others'
+    shards are theirs to list (and hash): listing the whole folder made each process hash every shard."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return files_written_by(root, directory, rank)
+
+
+def files_written_by(root: Path, directory: Path, rank: int) -> dict[str, int]:
+    """{path under `root`: size} of the files DCP's writer of process `rank` puts into `directory`.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp()); (root / "m").mkdir()
+        >>> for name in ("__0_0.distcp", "__1_0.distcp", ".metadata"): _ = (root / "m" / name).write_bytes(b"x")
+        >>> sorted(files_written_by(root, root / "m", 1)), sorted(files_written_by(root, root / "m", 0))
+        (['m/__1_0.distcp'], ['m/.metadata', 'm/__0_0.distcp'])
+    """
+    mine = f"__{rank}_"
+    return {str(f.relative_to(root)): f.stat().st_size for f in sorted(directory.rglob("*"))
+            if f.is_file() and (f.name.startswith(mine) or (rank == 0 and not f.name.startswith("__")))}
 
 
 def save_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Module, Any]]) -> dict[str, int]:
