@@ -85,6 +85,10 @@ class LaunchPlan:
     network_interface: str | None = None
     quiet: bool = False
     spec: LaunchSpec = field(default_factory=LaunchSpec)
+    # variables every worker gets over the caller's (Accelerate's launcher sets OMP_NUM_THREADS, KMP_* ...)
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    # one process: run it in this process (`hasten launch`), or as a child process (`accelerate launch`'s way)
+    in_this_process: bool = True
     # notebook_launcher: each process runs function(*function_args) (forked) instead of the target
     function: Callable[..., Any] | None = None
     function_args: tuple[Any, ...] = ()
@@ -184,7 +188,8 @@ class LaunchPlan:
         # set by the launch itself; ranks on other hosts could not write into this machine's directory
         heartbeats = (HEARTBEAT_DIR_ENV,) if HEARTBEAT_DIR_ENV in os.environ and not self.mpirun_hostfile else ()
         switch = ("PYTHONPATH", AS_ACCELERATE_ENV) if os.environ.get(AS_ACCELERATE_ENV) == "1" else ()
-        for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env(), *heartbeats, *switch):
+        for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env(), *heartbeats, *switch,
+                     *(n for n in self.extra_env if n not in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"))):
             argv += ["-x", name]
         return argv + [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
 
@@ -196,6 +201,7 @@ class LaunchPlan:
         """The environment the workers start with: the caller's, plus the spec, threads, GPUs, network."""
         env = dict(os.environ if base is None else base)
         env.update(self.spec.to_env())
+        env.update(self.extra_env)
         if "OMP_NUM_THREADS" not in env:
             # cores / local processes: more threads than cores makes every rank slower
             env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // self.processes_per_machine))

@@ -121,6 +121,12 @@ def launch(plan: LaunchPlan) -> Outcome:
         run_dir = owned_directory("launch")
         record = os.environ[PREEMPTION_RECORD_ENV] = os.path.join(run_dir, "preempted.json")
         try:
+            if plan.mode == "single" and not plan.in_this_process:
+                with _watched(plan, run_dir, "worker") as monitor:
+                    code = run_forwarding_signals(plan.command())
+                if monitor.verdict is not None and code != 0:
+                    return Outcome(code=EXIT_FAILED, unresponsive=monitor.verdict, frozen=monitor.frozen)
+                return _preempted_or(code, record)
             if plan.mode == "single":
                 from .worker import main as worker_main
 

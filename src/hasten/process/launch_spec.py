@@ -145,6 +145,8 @@ _FSDP_VARIABLES = {
     "FSDP_CPU_RAM_EFFICIENT_LOADING": "fsdp_cpu_ram_efficient_loading",
     "FSDP_SYNC_MODULE_STATES": "fsdp_sync_module_states",
     "FSDP_ACTIVATION_CHECKPOINTING": "fsdp_activation_checkpointing",
+    "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "fsdp_activation_checkpointing_offload",
+    "FSDP_IGNORED_MODULES": "fsdp_ignored_modules",
 }
 _DEEPSPEED_VARIABLES = {
     "ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "gradient_accumulation_steps",
@@ -251,6 +253,9 @@ class LaunchSpec:
     dynamo: dict | None = None  # torch.compile settings (`dynamo_settings`), when the launch compiles
     parallelism: dict | None = None  # `parallelism_settings`: Accelerator() builds a ParallelismConfig from them
     fp8: dict | None = None  # `fp8_settings`: exported as ACCELERATE_FP8_*, which hasten.fp8's recipes read
+    # Accelerate's launcher exports these for code that reads them; hasten itself does not use them.
+    cpu_affinity: bool = False  # ACCELERATE_CPU_AFFINITY=1 (`--enable_cpu_affinity`)
+    deepspeed_config_fields: str | None = None  # ACCELERATE_CONFIG_DS_FIELDS: DeepSpeed keys the config file gave
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
     max_restarts: int = 0
@@ -307,6 +312,10 @@ class LaunchSpec:
             out["ACCELERATE_USE_DEEPSPEED"] = "true"
             out.update({name: _env_value(self.deepspeed.get(key)) for name, key in _DEEPSPEED_VARIABLES.items()
                         if self.deepspeed.get(key) is not None})
+            if self.deepspeed_config_fields is not None:
+                out["ACCELERATE_CONFIG_DS_FIELDS"] = self.deepspeed_config_fields.lower()
+        if self.cpu_affinity:
+            out["ACCELERATE_CPU_AFFINITY"] = "1"
         for name, ours in ((RESTART_COUNT_VAR, self.restart_count), (MAX_RESTARTS_VAR, self.max_restarts)):
             if name in env or ours:
                 agent = env.get(name, "0")
