@@ -1,4 +1,4 @@
-"""`hasten env`: what to paste into a bug report."""
+"""`hasten env` (and the peer's `accelerate env`): what to paste into a bug report."""
 
 from __future__ import annotations
 
@@ -96,4 +96,64 @@ def run(args: argparse.Namespace) -> int:
                 print(f"    {sub_key}: {sub_value}")
         else:
             print(f"- {key}: {value}")
+    return 0
+
+
+# -- the peer's `accelerate env` ------------------------------------------------------------------------------------
+def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Accelerate's `env` parser: alone, or as the `env` sub-command of `subparsers`.
+
+    Example:
+        >>> env_command_parser().parse_args([]).config_file is None
+        True
+    """
+    parser = (subparsers.add_parser("env") if subparsers is not None
+              else argparse.ArgumentParser("Accelerate env command"))
+    parser.add_argument("--config_file", default=None, help="the config file to show (default: Accelerate's)")
+    if subparsers is not None:
+        parser.set_defaults(func=env_command)
+    return parser
+
+
+def env_command(args: argparse.Namespace) -> dict[str, Any]:
+    """Print Accelerate's bug-report facts (versions, platform, accelerator, RAM, the config) and return them."""
+    import shutil
+
+    from .. import __version__
+    from ..launch.peer_config import default_config_file, load_config_from_file
+
+    info: dict[str, Any] = {"`Accelerate` version": __version__, "Platform": platform.platform(),
+                            "`accelerate` bash location": shutil.which("accelerate") or "Not found",
+                            "Python version": platform.python_version(),
+                            "Numpy version": _version("numpy") or "Not found"}
+    try:
+        import torch
+
+        accelerator = "CUDA" if torch.cuda.is_available() else "MPS" if torch.backends.mps.is_available() else "N/A"
+        info.update({"PyTorch version": torch.__version__, "PyTorch accelerator": accelerator})
+    except ImportError:
+        info.update({"PyTorch version": "Not found", "PyTorch accelerator": "N/A"})
+    info["System RAM"] = _memory_gib()
+    if info["PyTorch accelerator"] == "CUDA":
+        info["GPU type"] = torch.cuda.get_device_name()
+    config: Any = "Not found"
+    if args.config_file is not None or os.path.isfile(default_config_file):
+        config = load_config_from_file(args.config_file).to_dict()
+    print("\nCopy-and-paste the text below in your GitHub issue\n")
+    print("\n".join(f"- {key}: {value}" for key, value in info.items()))
+    print("- `Accelerate` default config:" if args.config_file is None else "- `Accelerate` config passed:")
+    print("\n".join(f"\t- {key}: {value}" for key, value in config.items()) if isinstance(config, dict)
+          else f"\t{config}")
+    info["`Accelerate` configs"] = config
+    return info
+
+
+def main() -> int:
+    """`python -m` entry of the peer's command.
+
+    Example:
+        >>> main  # doctest: +ELLIPSIS
+        <function main at ...>
+    """
+    env_command(env_command_parser().parse_args())
     return 0

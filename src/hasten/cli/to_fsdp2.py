@@ -9,6 +9,8 @@ false), `fsdp_backward_prefetch`, `fsdp_sync_module_states` and
 warning; keys it does not know are kept; `fsdp_version` becomes 2. One
 addition: a sharding strategy written as a number by very old files (2 =
 SHARD_GRAD_OP) is mapped as its name, where the peer would copy the number.
+The warnings go to this module's logger, as the peer's do; `hasten to-fsdp2`
+prints them as its own lines.
 
 Example:
     >>> convert_config_to_fsdp2({"fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}})
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from typing import Any
 from ..core.errors import ConfigError
 
 __all__ = ["ARGUMENT_KEY_MAPPING", "ARGUMENT_VALUE_MAPPING", "ConversionStatus", "add_parser",
-           "convert_config_to_fsdp2", "load_config", "to_fsdp2_command", "to_fsdp2_command_parser"]
+           "convert_config_to_fsdp2", "load_config", "logger", "main", "to_fsdp2_command", "to_fsdp2_command_parser"]
 
 
 class ConversionStatus(enum.Enum):
@@ -68,8 +71,7 @@ ARGUMENT_VALUE_MAPPING: dict[str, dict[Any, Any]] = {
 }
 
 
-def _warn(message: str) -> None:
-    print(f"hasten to-fsdp2: warning: {message}", file=sys.stderr)
+logger = logging.getLogger(__name__)
 
 
 def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
@@ -86,10 +88,11 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
 
     fsdp_config = config.get("fsdp_config") or {}
     if not fsdp_config:
+        logger.info("No FSDP config found in the config file, skipping conversion...")
         return config
     if fsdp_config.get("fsdp_version", 1) == 2:
-        _warn("the config already specifies FSDP2 (fsdp_version: 2), so it is written unchanged; if it still uses "
-              "FSDP1 key names, set fsdp_version: 1 and rerun.")
+        logger.warning("Config already specifies FSDP2, skipping conversion... (fsdp_version: 2: the file is written "
+                       "unchanged; if it still uses FSDP1 key names, set fsdp_version: 1 and rerun.)")
         return config
     converted: dict[str, Any] = {}
     for key, value in fsdp_config.items():
@@ -97,9 +100,9 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
         if target is None:  # a key the table does not know is carried over as it is
             converted[key] = value
         elif target is ConversionStatus.REMOVED:
-            _warn(f"{key} has been removed in FSDP2; dropped it.")
+            logger.warning(f"{key} has been removed in FSDP2; dropped it.")
         elif target is ConversionStatus.NOT_YET_IMPLEMENTED:
-            _warn(f"{key} is not yet implemented in FSDP2; dropped it.")
+            logger.warning(f"{key} is not yet implemented in FSDP2; dropped it.")
         else:
             if key == "fsdp_sharding_strategy" and type(value) is int:  # very old files: the enum's number
                 value = _FSDP_SHARDING_BY_NUMBER.get(value, value)
@@ -188,7 +191,7 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
                         help="replace the output file if it exists (the config file itself without --output_file)")
     parser.add_argument("--output_file", "--output-file", default=None,
                         help="where to write the converted config; without it, --overwrite rewrites --config_file")
-    parser.set_defaults(run=run, parser=parser)
+    parser.set_defaults(run=run, parser=parser, func=to_fsdp2_command)
     return parser
 
 
@@ -205,9 +208,27 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the parsed `hasten to-fsdp2`; a bad path or flag is one sentence and exit code 2."""
+    handler = logging.StreamHandler(sys.stderr)  # the conversion's warnings, as this command's own lines
+    handler.setFormatter(logging.Formatter("hasten to-fsdp2: warning: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
     try:
         to_fsdp2_command(args)
     except (OSError, ValueError) as error:
         args.parser.error(str(error))
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
     print(f"FSDP2 config written to {args.output_file or args.config_file}")
     return 0
+
+
+def main() -> None:
+    """`python -m` entry of the peer's command: parse the command line and convert.
+
+    Example:
+        >>> main  # doctest: +ELLIPSIS
+        <function main at ...>
+    """
+    to_fsdp2_command(to_fsdp2_command_parser().parse_args())
