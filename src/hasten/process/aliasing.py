@@ -17,6 +17,14 @@ line of theirs changed, and the real `accelerate` package is never imported
   Accelerate whose behaviour hasten implements, **1.15.0** (as
   ``accelerate.__version__`` does).
 
+A module served under an accelerate name also carries a patch made on it
+(``unittest.mock.patch("accelerate.utils.launch.which")``) to the hasten
+module whose code looks the name up: Accelerate's paths are faces that
+re-export names defined in hasten's own modules, so setting a name on a face
+sets it too on every hasten module that holds the same object under that
+name, and putting it back puts those back. A patch thus reaches the code it
+targets, as it does in Accelerate, where the code lives in that module.
+
 `import hasten.as_accelerate` turns it on in a script or notebook;
 ``hasten launch --as-accelerate`` (or ``HASTEN_AS_ACCELERATE=1`` in the
 launcher's environment) turns it on in every process of a run.
@@ -43,9 +51,6 @@ __all__ = ["ACCELERATE_VERSION", "SITE_DIRECTORY", "install", "installed", "unin
 ACCELERATE_VERSION = "1.15.0"  # the Accelerate release whose behaviour hasten implements (and reports)
 SITE_DIRECTORY = str(Path(__file__).resolve().parent.parent / "_accelerate_site")
 
-# Accelerate modules that live under another name in hasten; every other `accelerate.X` is `hasten.X`.
-_RENAMED = {"accelerate.commands": "hasten.cli", "accelerate.commands.config": "hasten.cli.config_command",
-            "accelerate.commands.launch": "hasten.cli.launch", "accelerate.commands.accelerate_cli": "hasten.cli.main"}
 # Libraries that decide at import time whether Accelerate is there: imported before the switch, they may not see it.
 _CLIENTS = ("transformers", "trl", "peft", "diffusers")
 
@@ -59,9 +64,56 @@ def _ours(module: ModuleType | None) -> bool:
 
 
 def _target(name: str) -> str:
-    if name in _RENAMED:
-        return _RENAMED[name]
-    return "hasten" + name[len("accelerate"):]
+    return "hasten" + name[len("accelerate"):]  # hasten keeps Accelerate's layout: `accelerate.X` is `hasten.X`
+
+
+_ABSENT = object()
+# (id of the served module, name) -> the value the first patch of that name replaced in hasten's modules
+_replaced: dict[tuple[int, str], Any] = {}
+
+
+def _rebind(name: str, current: Any, value: Any, skip: ModuleType) -> None:
+    """Set `name` to `value` in every hasten module (but `skip`) where it is bound to `current`."""
+    for module_name, module in list(sys.modules.items()):
+        if module is skip or not (module_name == "hasten" or module_name.startswith("hasten.")):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if namespace is not None and namespace.get(name, _ABSENT) is current:
+            namespace[name] = value
+
+
+class _ServedModule(ModuleType):
+    """A hasten module served under an accelerate name: setting a name on it also rebinds it where hasten's code reads it.
+
+    Example:
+        >>> _ServedModule.__mro__[1] is ModuleType
+        True
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # dunders and the import system binding a submodule: nothing to carry over
+        if name.startswith("__") or getattr(value, "__name__", None) == f"{self.__name__}.{name}":
+            super().__setattr__(name, value)
+            return
+        before = self.__dict__.get(name, _ABSENT)
+        if before is _ABSENT:  # a name the module hands out lazily, or a new one
+            before = getattr(self, name, _ABSENT)
+        super().__setattr__(name, value)
+        if before is _ABSENT or before is value:
+            return
+        key = (id(self), name)
+        if key not in _replaced:
+            _replaced[key] = before  # the original, to put back if the patch ends by deleting the name
+        elif _replaced[key] is value:
+            del _replaced[key]  # the patch is undone
+        _rebind(name, before, value, skip=self)
+
+    def __delattr__(self, name: str) -> None:
+        current = self.__dict__.get(name, _ABSENT)
+        super().__delattr__(name)
+        original = _replaced.pop((id(self), name), _ABSENT)
+        if current is not _ABSENT and original is not _ABSENT:
+            _rebind(name, current, original, skip=self)
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -87,6 +139,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         module = importlib.import_module(_target(spec.name))
         self._own_specs[id(module)] = module.__spec__  # the import system overwrites it with the alias's
+        if type(module) is ModuleType:
+            module.__class__ = _ServedModule  # patches made through the accelerate name reach hasten's code
         return module
 
     def exec_module(self, module: ModuleType) -> None:

@@ -62,7 +62,8 @@ from .environment import (
 )
 from .imports import *  # noqa: F401,F403 - the is_*_available probes
 from ..core.availability import PROBES as _probes
-from .launch import PrepareForLaunch
+from .launch import (PrepareForLaunch, _filter_args, prepare_deepspeed_cmd_env, prepare_multi_gpu_env,
+                     prepare_sagemager_args_inputs, prepare_simple_launcher_cmd_env, prepare_tpu)
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .other import (
     check_os_kernel,
@@ -220,6 +221,11 @@ __all__ = [
     "purge_accelerate_environment",
     "str_to_bool",
     "PrepareForLaunch",
+    "prepare_deepspeed_cmd_env",
+    "prepare_multi_gpu_env",
+    "prepare_sagemager_args_inputs",
+    "prepare_simple_launcher_cmd_env",
+    "prepare_tpu",
     "clear_device_cache",
     "find_executable_batch_size",
     "release_memory",

@@ -1,0 +1,11 @@
+"""Accelerate's ``accelerate.commands.accelerate_cli`` path: the `accelerate` command; the code is `hasten.cli.peer_cli`.
+
+Example:
+    >>> from hasten.commands.accelerate_cli import main
+    >>> main.__module__
+    'hasten.cli.peer_cli'
+"""
+
+from ..cli.peer_cli import main
+
+__all__ = ["main"]
