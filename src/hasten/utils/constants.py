@@ -15,6 +15,9 @@ from ..core.availability import (BETA_CP_AVAILABLE_PYTORCH_VERSION, BETA_SP_AVAI
 from ..big_modeling.casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the point
 from ..checkpointing.constants import __all__ as _names
+from ..launch.peer_config import (SAGEMAKER_PARALLEL_EC2_INSTANCES, SAGEMAKER_PYTHON_VERSION, SAGEMAKER_PYTORCH_VERSION,
+                                  SAGEMAKER_TRANSFORMERS_VERSION)
+from ..launch.peer_env import DEEPSPEED_MULTINODE_LAUNCHERS
 from ..options.configuration import TORCH_DYNAMO_MODES
 from ..strategies.fsdp.checkpoint import MODEL_DIR as FSDP_MODEL_NAME
 from ..strategies.fsdp.plugin import (FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGY,
@@ -22,5 +25,7 @@ from ..strategies.fsdp.plugin import (FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFE
 
 __all__ = list(_names) + ["FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH",
                           "FSDP_STATE_DICT_TYPE", "FSDP_MODEL_NAME", "TORCH_DYNAMO_MODES", "STR_OPERATION_TO_FUNC",
-                          "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
+                          "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "DEEPSPEED_MULTINODE_LAUNCHERS",
+                          "SAGEMAKER_PYTORCH_VERSION", "SAGEMAKER_PYTHON_VERSION", "SAGEMAKER_TRANSFORMERS_VERSION",
+                          "SAGEMAKER_PARALLEL_EC2_INSTANCES",
                           *MINIMUM_VERSIONS]
