@@ -119,6 +119,23 @@ def test_a_rank_that_leaves_early_ends_the_run_in_seconds_naming_it(mode, waits_
     assert "[hasten] rank 1 is stuck here" not in result.stderr  # it is not stuck: it left
 
 
+def test_a_rank_that_ends_training_tells_a_rank_waiting_in_a_gather_at_once():
+    # end_training posts on the host board that the process left (before its exit rendezvous): the rank waiting in
+    # a checked collective raises at its next look, naming both, instead of the watchdog's verdict seconds later.
+    token = f"hasten-liveness-test-{uuid.uuid4().hex}"
+    result = launch(SCRIPT, "end-gather", "/tmp/unused", token, check=False, timeout=120)
+    output = result.stdout + result.stderr
+    _assert_nothing_left(token, output)
+    assert result.returncode == 1 and "UNREACHABLE" not in result.stdout, output
+    summary = [line for line in result.stderr.splitlines() if line.startswith("hasten launch:")]
+    assert len(summary) == 1, output
+    assert re.search(
+        rf"CollectiveDeadlock: rank 1 \(pid \d+ on {re.escape(socket.gethostname())}\) ended its process group while "
+        rf"rank 0 waits in gather at mp_liveness\.py:{_marked_line('WAIT:endgather')} \(collective #2\), which it will "
+        "never join", summary[0]), summary[0]
+    assert "is stuck here" not in result.stderr  # told by the board, not found by the watchdog's deadlock verdict
+
+
 def test_a_rank_that_sleeps_or_holds_the_gil_three_times_the_limit_is_not_frozen():
     result = launch(SCRIPT, "slow", "/tmp/unused", "slow", str(3 * LIMIT), launch_args=("--liveness_timeout", str(LIMIT)),
                     timeout=180)

@@ -6,6 +6,7 @@ Usage: mp_liveness.py MODE OUT_DIR TOKEN [SECONDS]
   and the test stops one with SIGSTOP. With GROUP_TIMEOUT set, the process group's timeout is that many seconds.
 - leave-gather / leave-barrier: rank 1 returns from main (printing "LEFT <time>") while rank 0 goes on to a
   gather / to wait_for_everyone; neither can ever complete.
+- end-gather: rank 1 calls end_training while rank 0 goes on to a gather it can never complete.
 - slow: rank 1 sleeps SECONDS, then computes for about SECONDS holding the GIL (one long C call: its
   heartbeat thread cannot run), while rank 0 waits in a gather; then both finish and print DONE.
 TOKEN is unused: it makes the ranks' command lines findable in /proc.
@@ -45,6 +46,14 @@ def main() -> None:
             if step == 5:
                 (out / f"ready.rank{rank}").write_text(str(os.getpid()))
             time.sleep(0.05)
+        return
+    if mode == "end-gather":  # rank 1 ends training (its process group) while rank 0 goes on to a gather
+        if rank == 1:
+            print(f"LEFT {time.time():.3f}", flush=True)
+            accelerator.end_training()
+            return
+        accelerator.gather(torch.ones(3))  # WAIT:endgather
+        print("UNREACHABLE", flush=True)
         return
     if mode.startswith("leave"):
         if rank == 1:

@@ -57,6 +57,7 @@ import zlib
 from ..core.errors import CollectiveDeadlock
 from .launch_spec import BOARD_DIR_ENV, RESTART_COUNT_VAR
 from . import watchdog
+from .group import before_leaving
 
 __all__ = ["BOARD_DIR_ENV", "Board", "board", "mark_left", "LEFT_REASONS", "PAYLOAD"]
 
@@ -221,6 +222,7 @@ class Board:
 
 _board: Board | None = None
 _board_for: tuple[int, int] | None = None  # (rank, world size) the cached answer is for
+_marked = False  # this process posted that it left
 
 
 def board() -> Board | None:
@@ -258,10 +260,16 @@ def mark_left(reason: int = 0) -> None:
 
     Decided from the environment alone, as `board` decides, so it works
     after the script destroyed its process group, or before it used the board.
+    The first reason posted stays (the script returning after `end_training`
+    still reads "ended its process group").
 
     Example:
         >>> mark_left()  # not launched with a board: nothing to do
     """
+    global _marked
+    if _marked:
+        return
+    _marked = True
     directory = os.environ.get(BOARD_DIR_ENV)
     rank, world_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     if not directory or not rank.isdigit() or not world_size.isdigit() or int(world_size) < 2:
@@ -276,3 +284,8 @@ def mark_left(reason: int = 0) -> None:
         used.leave(reason)
     except OSError:  # the launcher removed the directory: the run is over
         pass
+
+
+# A process that ends its process group (`end_training`, the end of a launched script) posts no check again:
+# a process waiting in a checked collective learns it at once, rather than from the watchdog seconds later.
+before_leaving(lambda: mark_left(LEFT_REASONS.index("ended its process group")))
