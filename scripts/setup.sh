@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Set up hasten for development in the current Python environment.
+# Set up hasten in the current Python environment: `setup.sh demo` installs what the demo needs (hasten,
+# scikit-learn for the digits); `setup.sh test` (the default) installs the test extra (the engines, trackers,
+# libraries and Accelerate itself that the tests run against) and Open MPI.
 # Installs the CPU build of torch first, and only when no torch is importable:
 # letting pip resolve a bare `torch` would download a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+WHAT=${1:-test}
+case "$WHAT" in
+    demo) EXTRA=demo ;;
+    test) EXTRA=test ;;
+    *) echo "setup.sh: say what to set up: demo or test (got '$WHAT')" >&2; exit 2 ;;
+esac
 
 "$PYTHON" - <<'PY'
 import sys
@@ -22,8 +30,9 @@ fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 "$PYTHON" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$constraints"
-"$PYTHON" -m pip install --quiet --disable-pip-version-check -c "$constraints" -e ".[test]"
-echo "setup: hasten $("$PYTHON" -c 'import hasten; print(hasten.__version__)') installed"
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -c "$constraints" -e ".[$EXTRA]"
+echo "setup: hasten $("$PYTHON" -c 'import hasten; print(hasten.__version__)') installed with the $EXTRA extra"
+[ "$WHAT" = demo ] && exit 0
 
 # Open MPI for the `--mpirun` launch mode and its tests (optional: those tests skip without it).
 if command -v mpirun >/dev/null 2>&1; then
