@@ -18,7 +18,7 @@ NOT_AT_IMPORT = [
     "hasten.tracking", "hasten.data", "hasten.strategies.fsdp", "hasten.strategies.deepspeed",
     "hasten.strategies.parallel.mesh", "hasten.launch", "hasten.cli", "hasten.checkpointing.save",
     "hasten.checkpointing.load", "hasten.utils", "transformers", "deepspeed", "torchao", "safetensors.torch",
-    "tensorboard", "wandb", "mlflow", "accelerate",
+    "tensorboard", "wandb", "mlflow", "accelerate", "packaging",
 ]
 
 

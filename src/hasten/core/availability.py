@@ -16,9 +16,10 @@ import functools
 import importlib.metadata
 import importlib.util
 import operator
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from packaging.version import Version
+if TYPE_CHECKING:  # `packaging` is imported when a version is compared, not by `import hasten` (import cost)
+    from packaging.version import Version
 
 PROBES = [
     "is_aim_available", "is_bf16_available", "is_boto3_available", "is_clearml_available", "is_comet_ml_available",
@@ -306,6 +307,8 @@ def compare_versions(library_or_version: str | Version, operation: str, requirem
         >>> compare_versions("1.2.0", "<", "1.10")
         True
     """
+    from packaging.version import Version
+
     if operation not in _OPERATIONS:
         raise ValueError(f"operation {operation!r} is not one of {', '.join(_OPERATIONS)}.")
     version = library_or_version
@@ -325,5 +328,6 @@ def is_torch_version(operation: str, version: str) -> bool:
         True
     """
     import torch
+    from packaging.version import Version
 
     return compare_versions(Version(Version(torch.__version__).base_version), operation, version)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import platform
 import re
 
-from packaging.version import Version
-
 from ..logging import get_logger
 
 __all__ = ["MIN_LINUX_KERNEL", "check_os_kernel"]
@@ -37,6 +35,8 @@ def check_os_kernel() -> None:
     if found is None:  # a release string without x.y.z says nothing about the version
         return
     version = found.group(0)
+    from packaging.version import Version
+
     if Version(version) < Version(MIN_LINUX_KERNEL):
         # the message is formatted here so that handlers reading `record.msg` see the versions
         _logger.warning(f"Detected kernel version {version}, which is below the recommended minimum of "
