@@ -104,10 +104,11 @@ def test_files_have_accelerates_names_and_a_manifest(tmp_path):
     train(*run, batches=1)
     run[0].save_state(tmp_path / "ckpt")
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    # Accelerate 1.15 writes exactly these for these objects (no file for a loader's position: hasten keeps it in
-    # its manifest); test_checkpoint_accelerate.py compares against Accelerate itself.
-    assert names == ["custom_checkpoint_0.pkl", "hasten_checkpoint.json", "model.safetensors", "optimizer.bin",
-                     "random_states_0.pkl", "scheduler.bin"]
+    # Accelerate 1.15 writes exactly these for these objects (dl_state_dict.bin: the torchdata state of a loader
+    # prepared with use_stateful_dataloader=True; hasten resumes from the position in its manifest);
+    # test_checkpoint_accelerate.py compares against Accelerate itself.
+    assert names == ["custom_checkpoint_0.pkl", "dl_state_dict.bin", "hasten_checkpoint.json", "model.safetensors",
+                     "optimizer.bin", "random_states_0.pkl", "scheduler.bin"]
     manifest = json.loads((tmp_path / "ckpt" / "hasten_checkpoint.json").read_text())
     assert manifest["files"]["model.safetensors"] == (tmp_path / "ckpt" / "model.safetensors").stat().st_size
     assert manifest["dataloaders"][0]["epoch"] == 0 and manifest["saved_by"] == [0]

@@ -16,6 +16,7 @@ OPTIMIZER_NAME = "optimizer"
 SCHEDULER_NAME = "scheduler"
 SAMPLER_NAME = "sampler"
 SCALER_NAME = "scaler.pt"
+LOADER_STATE_NAME = "dl_state_dict.bin"  # a torchdata-backed loader's state_dict (use_stateful_dataloader)
 RNG_STATE_NAME = "random_states"
 CUSTOM_STATE_NAME = "custom_checkpoint"
 GRADIENTS_NAME = "gradients"  # hasten's own: per-process gradients saved mid-accumulation

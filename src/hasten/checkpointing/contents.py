@@ -33,6 +33,7 @@ class CheckpointContents:
     optimizers: list[dict[str, Any]] = field(default_factory=list)
     schedulers: list[dict[str, Any]] = field(default_factory=list)
     dataloaders: list[dict[str, Any]] = field(default_factory=list)
+    loader_states: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # torchdata's (Accelerate's folders)
     scaler: dict[str, Any] | None = None
     custom: list[dict[str, Any]] = field(default_factory=list)
     rng: dict[str, Any] | None = None

@@ -13,9 +13,10 @@ What maps, and what does not:
 - weights, optimizer, scheduler, GradScaler, registered objects, each
   process's RNG states and the ``step``: restored as Accelerate would;
 - a loader's position: Accelerate keeps none (a script skips batches with
-  ``skip_first_batches``), so the loaders are left as they are; its
-  torchdata state (``dl_state_dict.bin``) and pickled sampler
-  (``sampler.bin``) are not read, which load_state says once;
+  ``skip_first_batches``), so the loaders are left as they are, except a
+  loader prepared with ``use_stateful_dataloader=True``, which takes its
+  torchdata state (``dl_state_dict.bin``) as Accelerate's does; other
+  loader files (``sampler.bin``) are not read, which load_state says once;
 - sharded models (Accelerate's FSDP ``pytorch_model_fsdp_*`` or
   DeepSpeed's folders): refused in one sentence (merge them into full
   weights first).
@@ -38,6 +39,7 @@ from .commit import CheckpointError
 from .constants import (
     CHECKPOINT_PREFIX,
     CUSTOM_STATE_NAME,
+    LOADER_STATE_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
     SAFE_WEIGHTS_NAME,
@@ -131,11 +133,18 @@ def read_accelerate_checkpoint(saveset: SaveSet, path: Path, models: list[Any],
         contents.optimizers.append(saved)
     contents.schedulers = [options.read(path, indexed_name(f"{SCHEDULER_NAME}.bin", i))
                            for i in range(len(saveset.schedulers))]
-    unread = sorted(n for n in entries if n.startswith(("dl_state_dict", SAMPLER_NAME)))
+    read: set[str] = set()
+    for i, loader in enumerate(saveset.dataloaders):  # a torchdata-backed loader takes its state, as Accelerate's
+        name = indexed_name(LOADER_STATE_NAME, i)
+        if getattr(loader, "use_stateful_dataloader", False) and name in entries:
+            contents.loader_states.append((loader, options.read(path, name)))
+            read.add(name)
+    unread = sorted(n for n in entries - read if n.startswith((LOADER_STATE_NAME.split(".")[0], SAMPLER_NAME)))
     if unread and saveset.dataloaders:
         manifest["notes"].append(
             f"{', '.join(unread)} in {path} (Accelerate's loader state) is not read: the data loaders start where they "
-            "are; skip the batches already seen with accelerator.skip_first_batches(loader, n)."
+            "are; skip the batches already seen with accelerator.skip_first_batches(loader, n), or prepare them "
+            "with use_stateful_dataloader=True, as the run that saved them."
         )
     if saveset.scaler is not None:
         if SCALER_NAME not in entries:

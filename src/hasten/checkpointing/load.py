@@ -228,6 +228,8 @@ def apply_checkpoint(saveset: SaveSet, contents: CheckpointContents) -> None:
         scheduler.load_state_dict(saved)
     for loader, saved in zip(saveset.dataloaders, contents.dataloaders):
         loader.load_position(saved, restore_position=saveset.restore_position)
+    for loader, state in contents.loader_states:
+        loader.load_state_dict(state)
     if contents.scaler is not None and saveset.scaler is not None:  # read only when this run scales
         saveset.scaler.load_state_dict(contents.scaler)
     for obj, saved in zip(saveset.custom, contents.custom):

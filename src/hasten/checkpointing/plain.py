@@ -31,7 +31,15 @@ from ..big_modeling.model_helpers import clean_state_dict_for_safetensors
 from .files import writes_shared_files
 from ..runtime.state import PartialState
 from ..core.saving import save
-from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME
+from .constants import (
+    LOADER_STATE_NAME,
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
 from .foreign import rng_from_accelerate
 from .model_files import write_weights
 from .rng import restore_rng_state
@@ -40,7 +48,6 @@ from .state import indexed_name, read_pickle
 __all__ = ["save_accelerator_state", "load_accelerator_state"]
 
 _logger = logging.getLogger("hasten")
-_LOADER_STATE_NAME = "dl_state_dict.bin"  # Accelerate's name for a stateful loader's state_dict
 
 
 def _rng_states(step: int) -> dict[str, Any]:
@@ -101,7 +108,7 @@ def save_accelerator_state(
                 save(state, output_dir / indexed_name(f"{prefix}.bin", i), safe_serialization=False)
     for i, loader in enumerate(dataloaders):
         if getattr(loader, "use_stateful_dataloader", False):  # every process: each holds its own position
-            save(loader.state_dict(), output_dir / indexed_name(_LOADER_STATE_NAME, i), safe_serialization=False)
+            save(loader.state_dict(), output_dir / indexed_name(LOADER_STATE_NAME, i), safe_serialization=False)
     if scaler is not None and shared:
         save(scaler.state_dict(), output_dir / SCALER_NAME, safe_serialization=False)
     save(_rng_states(step), output_dir / f"{RNG_STATE_NAME}_{process_index}.pkl", safe_serialization=False)
@@ -153,7 +160,7 @@ def load_accelerator_state(
         for i, obj in enumerate(objects):
             obj.load_state_dict(read_pickle(path, indexed_name(f"{prefix}.bin", i), trust=trust))
     for i, loader in enumerate(dataloaders):
-        name = indexed_name(_LOADER_STATE_NAME, i)
+        name = indexed_name(LOADER_STATE_NAME, i)
         if getattr(loader, "use_stateful_dataloader", False) and (path / name).exists():
             loader.load_state_dict(read_pickle(path, name, trust=trust))
     if scaler is not None:

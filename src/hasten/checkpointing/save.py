@@ -34,6 +34,7 @@ from .commit import CheckpointError, begin_staging, fsync_path, publish, staging
 from .constants import (
     CUSTOM_STATE_NAME,
     GRADIENTS_NAME,
+    LOADER_STATE_NAME,
     MANIFEST_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -205,6 +206,9 @@ def _captured(saveset: SaveSet, publisher: bool, weights: list[dict[str, torch.T
             items.append(("object", SCALER_NAME, take(saveset.scaler.state_dict())))
         for i, obj in enumerate(saveset.custom):
             items.append(("object", f"{CUSTOM_STATE_NAME}_{i}.pkl", take(obj.state_dict())))
+        for i, loader in enumerate(saveset.dataloaders):  # Accelerate's file for a torchdata-backed loader
+            if loader.use_stateful_dataloader:
+                items.append(("object", indexed_name(LOADER_STATE_NAME, i), take(loader.state_dict())))
     rng = {**saveset.capture_rng(), "step": saveset.counter.step}  # "step" where Accelerate keeps it
     items.append(("object", f"{RNG_STATE_NAME}_{rank}.pkl", rng))  # captured fresh: nothing to copy
     # Mid-accumulation, the gradients gathered so far are state too (and differ per process).

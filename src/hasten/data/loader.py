@@ -246,7 +246,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         another epoch it is dropped.
         """
         if epoch != self.cursor.epoch:
-            self.cursor.pending_skip = 0
+            self.cursor.pending_skip = self.cursor.yielded = 0
             self.cursor.resumed = False
         self.cursor.epoch = epoch
         for target in self._epoch_targets:  # as Accelerate's set_epoch (the order hears it when the pass starts)
@@ -350,10 +350,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
                     state.boundary_hook(self)  # asked for the next batch: a preemption point
                 current = following
             cursor.epoch, cursor.yielded = cursor.epoch + 1, 0
-        except GeneratorExit:  # the loop broke off: the next pass starts this epoch again from its start
-            cursor.yielded = 0
-            raise
-        finally:
+        finally:  # (a loop that broke off keeps its position for a checkpoint; the next pass starts afresh)
             if state is not None:
                 state.pop(position)
 
