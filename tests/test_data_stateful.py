@@ -118,3 +118,24 @@ def test_a_deleted_accelerator_and_its_iterated_loader_are_freed_without_the_col
         assert [ref() for ref in refs] == [None, None]
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stateful_loader_draws_when_built_and_its_first_pass_draws_nothing_more_as_accelerates(num_workers):
+    # Accelerate's stateful loader takes torchdata's state when built: the first pass's iterator is made (and its
+    # base seed drawn) at prepare, with workers also their first indices (the shuffle's seed drawn), so what the
+    # script draws next is shifted by those draws.
+    def run(stateful):
+        torch.manual_seed(0)
+        loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2, shuffle=True, num_workers=num_workers),
+                                     use_stateful_dataloader=stateful)
+        after_prepare = torch.rand(1)
+        return after_prepare, [b.tolist() for b in loader], torch.rand(1)
+
+    torch.manual_seed(0)
+    for _ in range(1 if num_workers == 0 else 2):
+        torch.empty((), dtype=torch.int64).random_()
+    shifted = torch.rand(1)
+    stateful, plain = run(True), run(False)
+    assert torch.equal(stateful[0], shifted) and not torch.equal(plain[0], shifted)
+    assert torch.equal(stateful[2], plain[2])  # the same number of draws in all

@@ -35,7 +35,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from ..runtime.collectives import send_to_device
 from ..runtime.gradient_state import GradientState, LoaderPosition
 from .order import SampleOrder
-from .sharding import seek_batches
+from .sharding import can_seek_batches, seek_batches
 from .stateful import stateful_variant
 
 __all__ = ["DataLoaderStateMixin", "LoaderCursor", "PreparedDataLoader", "get_sampler", "loader_kwargs"]
@@ -216,6 +216,10 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         self._move_batches = device is not None and device.type != "cpu"
         self.end_of_dataloader = False
         self.remainder = -1
+        self._built()
+
+    def _built(self) -> None:
+        """The loader is complete (a stateful one takes torchdata's first state here, see `stateful.py`)."""
 
     def default_epoch_targets(self) -> tuple[Any, ...]:
         """Who hears the epoch when the loader is built directly (not by `prepare`): Accelerate's `set_epoch` chain.
@@ -296,13 +300,19 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         # Either way it replays the pass's shuffle and draws nothing, as the uninterrupted run did not.
         continuing = self.cursor.resumed
         self.cursor.resumed = False
-        if self.order is not None:
+        seekable = skip > 0 and self.batch_sampler is not None and can_seek_batches(self.batch_sampler)
+        # A stateful loader's first pass reads with the iterator made when the loader was built, as Accelerate's
+        # (it drew then); one that must seek or replay, or whose order moved to another epoch, makes a new one.
+        same_epoch = self.order is None or self.order.epoch == self.cursor.epoch
+        early = self._early_iterator(keep=not continuing and not seekable and same_epoch)
+        self._apply_epoch()
+        if self.order is not None and not early:
             self.order.begin_pass(continuing)
         if self.rng_types and not continuing:
             from ..runtime.seeding import synchronize_rng_states
 
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
-        seeked = skip > 0 and self.batch_sampler is not None and seek_batches(self.batch_sampler, skip)
+        seeked = seekable and seek_batches(self.batch_sampler, skip)
         iterator: Iterator[Any]
         if continuing:
             # This pass continues one that began before a checkpoint, and that pass already drew the
@@ -324,7 +334,6 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         if state is not None and state.boundary_hook is not None and cursor.training:
             state.boundary_hook(self)  # asked for the first batch: a preemption point
         skip = cursor.pending_skip + self.skip_batches
-        self._apply_epoch()
         position = self.begin()
         try:
             iterator = self._start_pass(skip)
@@ -373,6 +382,10 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
 
     def _skipped(self, iterator: Any, count: int) -> None:
         """`count` batches were skipped without being read (a stateful loader counts them, see `stateful.py`)."""
+
+    def _early_iterator(self, keep: bool) -> bool:
+        """Does this pass read with an iterator made before it (a stateful loader's, see `stateful.py`)?"""
+        return False
 
     # -- position as state --------------------------------------------------------------------
     def position_state(self) -> dict[str, Any]:

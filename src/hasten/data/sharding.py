@@ -27,7 +27,7 @@ from torch.utils.data import BatchSampler, IterableDataset
 from ..runtime.collectives import share_bounds
 from .order import SampleOrder
 
-__all__ = ["ShardedBatchSampler", "SkipBatchSampler", "IterableDatasetShard", "seek_batches"]
+__all__ = ["ShardedBatchSampler", "SkipBatchSampler", "IterableDatasetShard", "can_seek_batches", "seek_batches"]
 
 
 def seekable_order(batch_sampler: Any) -> SampleOrder | None:
@@ -35,6 +35,13 @@ def seekable_order(batch_sampler: Any) -> SampleOrder | None:
     if type(batch_sampler) is BatchSampler and isinstance(batch_sampler.sampler, SampleOrder):
         return batch_sampler.sampler
     return None
+
+
+def can_seek_batches(batch_sampler: Any) -> bool:
+    """Can `seek_batches` place the next pass of `batch_sampler` (a batch sampler over hasten's order)?"""
+    if isinstance(batch_sampler, ShardedBatchSampler):
+        return batch_sampler.batch_size is not None and seekable_order(batch_sampler.batch_sampler) is not None
+    return seekable_order(batch_sampler) is not None
 
 
 def seek_batches(batch_sampler: Any, batches: int) -> bool:

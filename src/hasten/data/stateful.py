@@ -8,6 +8,10 @@ StatefulDataLoader)``. Iteration, sharding and device placement stay the
 loader class's; torchdata only reads the batches, and its state is what
 the public `state_dict` gives:
 
+- as Accelerate's, the loader takes torchdata's state when it is built,
+  which makes the first pass's iterator then (drawing the DataLoader's base
+  seed from the random generator, and starting the workers, at `prepare`):
+  the random numbers drawn, and so the shuffles, are Accelerate's;
 - the state is taken as Accelerate takes it: after a batch was read and
   before the look-ahead batch is, so it stands for "every batch handed out
   so far"; ``_iterator_finished`` says whether the last batch was reached;
@@ -31,7 +35,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import torch
 
 __all__ = ["TorchdataState", "stateful_variant"]
 
@@ -61,29 +64,29 @@ class TorchdataState:
 
     def state_dict(self) -> dict[str, Any]:
         """torchdata's state of this loader: every batch handed out so far counts as read (see the module doc)."""
-        if self._state_snapshot is not None:
-            return self._state_snapshot
-        return self._fresh_state()
+        if self._state_snapshot is None:  # (unpickled without one)
+            self._built()
+        return self._state_snapshot  # type: ignore[return-value]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue the next pass after the batches `state_dict` counts (torchdata's `load_state_dict`)."""
         _stateful_dataloader_class().load_state_dict(self, state_dict)
-        self._state_snapshot = dict(state_dict) if state_dict else None
+        self._state_snapshot = dict(state_dict) if state_dict else self._state_snapshot
 
-    def _fresh_state(self) -> dict[str, Any]:
-        """The state before the first pass, made without keeping the iterator it needs (nor its random draw):
-        the first pass must build its own iterator, after the loader placed its order."""
-        base = _stateful_dataloader_class()
-        if getattr(self, "next_iter_state", None) is not None:
-            return dict(self.next_iter_state)  # type: ignore[attr-defined]
-        rng = torch.get_rng_state()
-        try:
-            state: dict[str, Any] = base.state_dict(self)
-        finally:
-            torch.set_rng_state(rng)
-            self._iterator = None
-            self._initial_iter_for_state_dict = False
-        return state
+    def _built(self) -> None:
+        """Take the first state as Accelerate's loader does when it is built: torchdata makes the first pass's
+        iterator for it (drawing its base seed, and with workers starting them), which the first pass then uses."""
+        self._state_snapshot = _stateful_dataloader_class().state_dict(self)
+
+    def _early_iterator(self, keep: bool) -> bool:
+        """Whether this pass reads with the iterator made at `_built`; when not `keep`, it is dropped."""
+        if not getattr(self, "_initial_iter_for_state_dict", False):
+            return False
+        if keep:
+            return True
+        self._iterator = None  # (its workers, if any, stop)
+        self._initial_iter_for_state_dict = False
+        return False
 
     def _snapshot(self, finished: bool) -> None:
         """Take torchdata's state now (every batch read so far is handed out), marking whether the pass ended."""
@@ -99,8 +102,7 @@ class TorchdataState:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The class is made at run time: pickle names the loader class it was made from instead.
-        state = {k: v for k, v in self.__dict__.items() if k != "_iterator"}
-        state["_iterator"] = None
+        state = {**self.__dict__, "_iterator": None, "_initial_iter_for_state_dict": False}
         return _rebuild, (_plain_class(type(self)),), state
 
 
