@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..process.launch_spec import MIXED_PRECISION_CHOICES, cpu_fp16_enabled, fp8_problem
+from .collectives import recursively_apply
 
 __all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32",
            "ConvertOutputsToFp32", "convert_outputs_to_fp32"]
@@ -42,9 +43,13 @@ def convert_to_fp32(outputs: Any) -> Any:
         >>> convert_to_fp32({"logits": torch.ones(1, dtype=torch.bfloat16), "n": 1})["logits"].dtype
         torch.float32
     """
-    from .collectives import recursively_apply
+    if isinstance(outputs, torch.Tensor):  # the common case, on every step: no tree walk
+        return outputs.float() if outputs.dtype in (torch.float16, torch.bfloat16) else outputs
+    return recursively_apply(_to_float, outputs, test_type=_is_half)
 
-    return recursively_apply(lambda t: t.float(), outputs, test_type=_is_half)
+
+def _to_float(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float()
 
 
 class ConvertOutputsToFp32:
