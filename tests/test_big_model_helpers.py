@@ -385,39 +385,44 @@ def test_mixed_precision_context_manager_and_grad_scaler():
     assert isinstance(get_grad_scaler("FSDP", device="cpu"), ShardedGradScaler)
 
 
-def test_tensors_bound_for_a_gpu_come_from_the_mapping_and_the_rest_are_private(tmp_path):
-    """A GPU-bound tensor is read through the file's mapping (one copy, to the GPU); the others into memory of their own."""
+def test_gpu_and_cpu_weights_come_from_the_mapping_and_disk_bound_ones_are_private(tmp_path):
+    """A GPU-bound tensor is a view of the file's mapping (one copy, to the GPU); a CPU-bound one a view of a mapping
+    of its own that the model keeps (no copy at load, as Accelerate's); a disk-bound one is read into memory of its own."""
     from safetensors.torch import save_file
 
     from hasten.big_modeling import loading
 
-    weights = {"gpu.weight": torch.randn(64, 64), "cpu.weight": torch.randn(64, 64)}
+    weights = {"gpu.weight": torch.randn(64, 64), "cpu.weight": torch.randn(64, 64), "disk.weight": torch.randn(64, 64)}
     save_file(weights, str(tmp_path / "model.safetensors"))
     asked = []
 
     def private(name):
         asked.append(name)
-        return name.startswith("cpu")
+        return name.startswith("disk")
 
-    read = dict(loading.read_safetensors(tmp_path / "model.safetensors", private))
+    read = dict(loading.read_safetensors(tmp_path / "model.safetensors", private, keep=lambda n: n.startswith("cpu")))
     assert sorted(asked) == sorted(weights)
     assert all(torch.equal(read[name], weights[name]) for name in weights)
-    # the device map decides: an int or "cuda:N" device is a GPU (mapped); cpu, disk and meta are private
+    read["cpu.weight"].add_(1)  # a kept view is copy-on-write: the model may train it, the file stays as it was
+    assert torch.equal(dict(loading.read_safetensors(tmp_path / "model.safetensors"))["cpu.weight"], weights["cpu.weight"])
+    # the device map decides: an int or "cuda:N" device is a GPU (mapped), cpu is kept mapped, disk and meta are private
     model = torch.nn.Module()
     model.gpu, model.cpu = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False)
+    model.disk = torch.nn.Linear(64, 64, bias=False)
     seen = {}
     original = loading.read_safetensors
 
-    def spy(file, private=None, raw=None):
-        seen.update({name: private(name) for name in weights})
-        yield from original(file, private, raw)
+    def spy(file, private=None, raw=None, keep=None):
+        seen.update({name: (private(name), keep(name)) for name in weights})
+        yield from original(file, private, raw, keep)
 
     loading.read_safetensors = spy
     try:
         try:  # without a GPU, placing on device 0 fails after the reading decided; with one it loads
-            loading.load_checkpoint_in_model(model, str(tmp_path), device_map={"gpu": 0, "cpu": "cpu"})
+            loading.load_checkpoint_in_model(model, str(tmp_path), device_map={"gpu": 0, "cpu": "cpu", "disk": "disk"},
+                                             offload_folder=str(tmp_path / "offload"))
         except (RuntimeError, AssertionError, ValueError):
             assert not torch.cuda.is_available()
     finally:
         loading.read_safetensors = original
-    assert seen == {"gpu.weight": False, "cpu.weight": True}
+    assert seen == {"gpu.weight": (False, False), "cpu.weight": (False, True), "disk.weight": (True, False)}

@@ -51,18 +51,20 @@ def _damaged(file: Path, error: BaseException) -> ValueError:
 
 
 def _read_tensors(file: Path, private: Callable[[str], bool] | None = None,
-                  raw: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor | FileRange]]:
+                  raw: Callable[[str], bool] | None = None,
+                  keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor | FileRange]]:
     """``(name, tensor)`` of one weights file, one tensor at a time, each a private copy the caller may keep.
 
     `private`: the names that need a copy of their own (None: all); the
     others may be views of the file, valid until the next tensor is read.
     `raw`: the names a safetensors file may hand out as a `FileRange`.
+    `keep`: of the others, those the caller keeps (CPU weights): views of a mapping that lives as long as they do.
     """
     if file.suffix == ".safetensors":
         from safetensors import SafetensorError
 
         try:
-            yield from read_safetensors(file, private, raw)
+            yield from read_safetensors(file, private, raw, keep)
         except SafetensorError as error:
             raise _damaged(file, error) from None
         return
@@ -129,10 +131,12 @@ def _libc() -> Any:
 
 
 def _file_tensors(files: list[Path], private: Callable[[str], bool] | None = None,
-                  raw: Callable[[str], bool] | None = None) -> Iterator[tuple[str, str, torch.Tensor | FileRange]]:
-    """``(file name, tensor name, tensor)`` of the weight files, one tensor at a time (`private`, `raw`: see `_read_tensors`)."""
+                  raw: Callable[[str], bool] | None = None,
+                  keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, str, torch.Tensor | FileRange]]:
+    """``(file name, tensor name, tensor)`` of the weight files, one tensor at a time (`private`, `raw`, `keep`: see
+    `_read_tensors`)."""
     for file in files:
-        for name, tensor in _read_tensors(file, private, raw):
+        for name, tensor in _read_tensors(file, private, raw, keep):
             yield file.name, name, tensor
 
 
@@ -284,20 +288,29 @@ def load_checkpoint_in_model(
         raise ValueError("the device_map sends modules to 'disk' but no offload_folder was given; pass "
                          "offload_folder=<a folder for the offloaded weights>.")
     # resolved now (unless another rank reads them): a bad path fails before anything is written
-    def private(name: str) -> bool:  # False: bound for a GPU, so a view of the file's mapping will do
+    def on_cpu(name: str) -> bool:
+        device = _device_in_map(name, device_map)  # type: ignore[arg-type]
+        if isinstance(device, torch.device):
+            return device.type == "cpu"
+        return isinstance(device, str) and device.startswith("cpu")
+
+    def private(name: str) -> bool:  # False: bound for a GPU or kept in CPU memory, so a view of the file will do
         if device_map is None or offload_state_dict:
             return True
         device = _device_in_map(name, device_map)
         if isinstance(device, torch.device):
-            return device.type in ("cpu", "meta")
-        return isinstance(device, str) and (device in ("cpu", "disk", "meta") or device.startswith("cpu"))
+            return device.type == "meta"
+        return isinstance(device, str) and device in ("disk", "meta")
+
+    def keep(name: str) -> bool:  # True: a CPU weight, kept as a view of its own mapping (as Accelerate's are)
+        return device_map is not None and not offload_state_dict and on_cpu(name)
 
     def raw(name: str) -> bool:  # True: bound for a .dat file, where its bytes may go file to file
         device = None if device_map is None else _device_in_map(name, device_map)
         return device == "disk" or (offload_state_dict and str(device) == "cpu")
 
     tensors = (_broadcast_tensors(checkpoint) if broadcast_from_rank0
-               else _file_tensors(checkpoint_files(checkpoint), private, raw))
+               else _file_tensors(checkpoint_files(checkpoint), private, raw, keep))
     tied = find_tied_parameters(model)
     if device_map is not None:
         check_tied_parameters_on_same_device(tied, device_map)
