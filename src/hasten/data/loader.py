@@ -36,7 +36,7 @@ from ..runtime.collectives import send_to_device
 from ..runtime.gradient_state import GradientState, LoaderPosition
 from .order import SampleOrder
 from .sharding import can_seek_batches, seek_batches
-from .stateful import stateful_variant
+from .stateful import stateful_variant, torchdata_available
 
 __all__ = ["DataLoaderStateMixin", "LoaderCursor", "PreparedDataLoader", "get_sampler", "loader_kwargs"]
 
@@ -170,7 +170,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     base_dataloader = _BaseLoader()
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> PreparedDataLoader:
-        if use_stateful_dataloader and not cls.use_stateful_dataloader:
+        if use_stateful_dataloader and not cls.use_stateful_dataloader and torchdata_available():
             cls = stateful_variant(cls)
         return super().__new__(cls)
 

@@ -36,7 +36,37 @@ import importlib
 from typing import Any
 
 
-__all__ = ["TorchdataState", "stateful_variant"]
+__all__ = ["TorchdataState", "stateful_variant", "torchdata_available"]
+
+_said = False
+
+
+def torchdata_available() -> bool:
+    """Whether torchdata's `StatefulDataLoader` can be used; without it hasten says so once and keeps positions itself.
+
+    Accelerate refuses ``use_stateful_dataloader=True`` without torchdata.
+    hasten's checkpoints never needed it (they keep each loader's position
+    themselves, and resume exactly), so a run without torchdata goes on; only
+    ``isinstance(loader, StatefulDataLoader)`` and torchdata's own state are
+    missing then.
+
+    Example:
+        >>> isinstance(torchdata_available(), bool)
+        True
+    """
+    global _said
+    import importlib.util
+
+    if importlib.util.find_spec("torchdata") is not None:
+        return True
+    if not _said:
+        _said = True
+        import warnings
+
+        warnings.warn("use_stateful_dataloader=True without torchdata: hasten's checkpoints keep each loader's exact "
+                      "position themselves, but the loaders are not torchdata StatefulDataLoaders "
+                      "(pip install torchdata for those, as Accelerate needs).", stacklevel=4)
+    return False
 
 
 def _stateful_dataloader_class() -> Any:
