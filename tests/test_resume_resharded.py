@@ -22,7 +22,7 @@ pytestmark = pytest.mark.multiprocess
 
 SCRIPT = "reshard_train.py"
 SAMPLES = 36
-ENGINES = ["ddp", "fsdp", "fsdpfull", "z2", "z3"]
+ENGINES = ["ddp", "ddpplain", "fsdp", "fsdpfull", "z2", "z3"]  # ddpplain: DataLoader(shuffle=True), no generator
 RESUMED = {1: 6, 3: 2}  # processes -> batch per process (global batch 6, as the saving run's 2 x 3)
 
 

@@ -94,7 +94,10 @@ def run(out: Path, phase: str, engine: str) -> None:
     data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin(), torch.arange(SAMPLES))
     model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 1))  # sizes that 2 and 3 do not divide evenly
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    loader = DataLoader(data, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(5))
+    # "ddpplain": a plain shuffled loader, no generator (one process draws its shuffle from torch's global RNG,
+    # several from the generator prepare seeds): the saved order is carried to any number of processes
+    seeded = {} if engine == "ddpplain" else {"generator": torch.Generator().manual_seed(5)}
+    loader = DataLoader(data, batch_size=batch, shuffle=True, **seeded)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     name = "save" if phase == "save" else f"{phase.split(':')[0]}{world}"
     if name != "save":

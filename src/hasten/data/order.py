@@ -43,6 +43,8 @@ from torch.utils.data import Sampler
 
 __all__ = ["SampleOrder", "keyed_permutation", "PERMUTATION_LIMIT"]
 
+# A stock RandomSampler's shuffle: one process draws it as 'global', several as 'torch' (checkpoints carry it over).
+_CARRIED = {"global", "torch"}
 # Above this many samples a shuffled loader uses the keyed order (a permutation would take > 1 GiB); logged once.
 PERMUTATION_LIMIT = 1 << 27
 _MASK64 = (1 << 64) - 1
@@ -173,7 +175,7 @@ class SampleOrder(Sampler[int]):
         if self.kind == "global":
             return self._pass_seed is not None
         if self.kind == "torch":
-            return self._pass_state is not None
+            return self._pass_state is not None or self._pass_seed is not None
         return False
 
     # -- the permutation of the current pass (drawn as torch's RandomSampler draws it) ---------
@@ -195,6 +197,10 @@ class SampleOrder(Sampler[int]):
         if self.kind == "global":
             if self._pass_seed is None:  # what RandomSampler draws from the global RNG at the start of a pass
                 self._pass_seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            generator = torch.Generator()
+            generator.manual_seed(self._pass_seed)
+        elif self.kind == "torch" and self._pass_seed is not None:
+            # a pass carried over from a one-process checkpoint ('global'): replay the seed that pass drew
             generator = torch.Generator()
             generator.manual_seed(self._pass_seed)
         elif self.kind == "torch":
@@ -261,20 +267,42 @@ class SampleOrder(Sampler[int]):
         return state
 
     def check_state(self, state: dict[str, Any]) -> None:
-        """Raise one clear error if `state` was saved for another dataset or shuffle (nothing is changed)."""
-        mismatched = [k for k in ("kind", "num_items", "num_samples", "replacement") if state.get(k) != getattr(self, k)]
+        """Raise one clear error if `state` was saved for another dataset or shuffle (nothing is changed).
+
+        A stock shuffle saved by another number of processes is the same shuffle: one process draws it as
+        'global', several as 'torch' (from the generator `prepare` seeds); `load_state_dict` carries it over.
+        """
+        mismatched = [k for k in ("kind", "num_items", "num_samples", "replacement") if state.get(k) != getattr(self, k)
+                      and not (k == "kind" and {state.get(k), self.kind} <= _CARRIED)]
         if mismatched:
             details = ", ".join(f"{k} {state.get(k)!r} in the checkpoint vs {getattr(self, k)!r} now" for k in mismatched)
             raise ValueError(f"the data loader's sample order does not match the checkpoint ({details}); "
                              "resume with the same dataset and shuffle settings.")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved order: replay its current pass, then go on drawing as it would have.
+
+        From several processes to one ('torch' saved, 'global' here) the order
+        takes the saved generator along, so every later pass is the one the
+        several processes would have drawn. From one process to several, the
+        interrupted pass is replayed from its seed and later passes are drawn
+        from this run's generator (the same on every process).
+
+        Example:
+            >>> saved = SampleOrder(6, kind="torch", generator=torch.Generator().manual_seed(0))
+            >>> first = list(saved); state = saved.state_dict()
+            >>> alone = SampleOrder(6, kind="global"); alone.load_state_dict(state); alone.begin_pass(continuing=True)
+            >>> list(alone) == first, alone.kind
+            (True, 'torch')
+        """
         self.check_state(state)
+        if state["kind"] == "torch" and self.kind == "global":
+            self.kind, self.generator = "torch", torch.Generator()
         self.seed = int(state["seed"])
         self._permutation = None
         self._pass_seed = state.get("pass_seed")
         self._pass_state = None
-        if self.kind == "torch":
+        if self.kind == "torch" and "generator_state" in state:
             self.generator.set_state(state["generator_state"])  # type: ignore[union-attr]
             pass_state = state.get("pass_state")
             self._pass_state = None if pass_state is None else pass_state.clone()
