@@ -40,7 +40,10 @@ from ..strategies.parallel.tp_size import TorchTensorParallelPlugin
 from ..strategies.parallel.context_config import TorchContextParallelConfig
 from ..tracking.base import LoggerType
 from ..fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-from ..core.unavailable import MegatronLMPlugin
+from ..core.unavailable import (MegatronLMPlugin, add_model_config_to_megatron_parser, parse_bert_config,
+                                parse_glm4_moe_config, parse_gpt2_config, parse_llama_config, parse_t5_config)
+from ..big_modeling.bnb import BnbQuantizationConfig
+from ..runtime.modules import get_module_class_from_name
 from ..runtime.operations import TensorInformation
 
 __all__ = [
@@ -54,4 +57,6 @@ __all__ = [
     "TorchTensorParallelPlugin",
     "TorchContextParallelConfig",
     "TensorInformation",
+    "BnbQuantizationConfig", "get_module_class_from_name", "add_model_config_to_megatron_parser", "parse_bert_config",
+    "parse_gpt2_config", "parse_t5_config", "parse_llama_config", "parse_glm4_moe_config",
 ]
