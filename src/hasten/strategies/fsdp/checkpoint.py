@@ -323,13 +323,16 @@ class Processes(Protocol):
 
     Example:
         >>> class One:
-        ...     is_main_process = True
+        ...     is_main_process, process_index = True, 0
         ...     def wait_for_everyone(self): pass
         >>> processes: Processes = One()
     """
 
     @property
     def is_main_process(self) -> bool: ...
+
+    @property
+    def process_index(self) -> int: ...
 
     def wait_for_everyone(self) -> None: ...
 
@@ -342,6 +345,11 @@ def _is_full(fsdp_plugin: FullyShardedDataParallelPlugin) -> bool:
     return fsdp_plugin.state_dict_type == "FULL_STATE_DICT"
 
 
+def _per_rank(directory: Path, base: str, index: int, processes: Processes) -> Path:
+    """Accelerate's per-process file (``use_dcp=False``): each process writes and reads only its own shard."""
+    return directory / f"{base}_{index}_rank{processes.process_index}.bin"
+
+
 def _adapter_only(model: nn.Module, adapter_only: bool) -> bool:
     """Accelerate's meaning of ``adapter_only``: only a PEFT model's trainable (adapter) weights; other models in full."""
     inner = getattr(model, "module", model)
@@ -349,8 +357,13 @@ def _adapter_only(model: nn.Module, adapter_only: bool) -> bool:
 
 
 def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes, model: nn.Module,
-                    output_dir: str | Path, model_index: int = 0, adapter_only: bool = False) -> None:
+                    output_dir: str | Path, model_index: int = 0, adapter_only: bool = False,
+                    use_dcp: bool = True) -> None:
     """Save an FSDP model: one full file from the main process, or a sharded DCP directory written by every process.
+
+    With `use_dcp=False` a sharded save is one file per process instead
+    (``pytorch_model_fsdp_<index>_rank<process>.bin``, no cross-process
+    planning; load it with `use_dcp=False` on the same number of processes).
 
     Example:
         >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
@@ -366,10 +379,14 @@ def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if _is_full(fsdp_plugin):
-        state = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True,
+        offload = getattr(fsdp_plugin.state_dict_config, "offload_to_cpu", True)
+        state = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=offload,
                                                              ignore_frozen_params=trainable_only))
         if accelerator.is_main_process:
             torch.save(state, output_dir / _name(MODEL_DIR, model_index, ".bin"))
+    elif not use_dcp:
+        torch.save(get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only)),
+                   _per_rank(output_dir, MODEL_DIR, model_index, accelerator))
     else:
         dcp.save(get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only)),
                  checkpoint_id=output_dir / f"{MODEL_DIR}_{model_index}")
@@ -377,8 +394,9 @@ def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
 
 
 def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes, model: nn.Module,
-                    input_dir: str | Path, model_index: int = 0, adapter_only: bool = False) -> None:
-    """Load what `save_fsdp_model` wrote into the prepared (sharded) model.
+                    input_dir: str | Path, model_index: int = 0, adapter_only: bool = False,
+                    use_dcp: bool = True) -> None:
+    """Load what `save_fsdp_model` wrote (with the same `use_dcp`) into the prepared (sharded) model.
 
     Example:
         >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
@@ -397,6 +415,9 @@ def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
     if _is_full(fsdp_plugin):
         saved = torch.load(input_dir / _name(MODEL_DIR, model_index, ".bin"), weights_only=True)
         set_model_state_dict(model, saved, options=_options(full_state_dict=True, strict=not trainable_only))
+    elif not use_dcp:
+        saved = torch.load(_per_rank(input_dir, MODEL_DIR, model_index, accelerator), weights_only=True)
+        set_model_state_dict(model, saved, options=_options(strict=not trainable_only))
     else:
         state = get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only))
         dcp.load(state, checkpoint_id=input_dir / f"{MODEL_DIR}_{model_index}")
@@ -405,8 +426,8 @@ def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
 
 def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes,
                         optimizer: torch.optim.Optimizer, model: nn.Module, output_dir: str | Path,
-                        optimizer_index: int = 0) -> None:
-    """Save an FSDP optimizer's state, full (main process) or sharded (every process).
+                        optimizer_index: int = 0, use_dcp: bool = True) -> None:
+    """Save an FSDP optimizer's state, full (main process) or sharded (every process; one file each with `use_dcp=False`).
 
     Example:
         >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
@@ -426,6 +447,8 @@ def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
         state = full_optimizer_state_dict(model, inner)
         if accelerator.is_main_process:
             torch.save(state, output_dir / _name(OPTIMIZER_DIR, optimizer_index, ".bin"))
+    elif not use_dcp:
+        torch.save(optimizer_state(model, inner), _per_rank(output_dir, OPTIMIZER_DIR, optimizer_index, accelerator))
     else:
         dcp.save(optimizer_state(model, inner), checkpoint_id=output_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
     accelerator.wait_for_everyone()
@@ -433,8 +456,8 @@ def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
 
 def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Processes,
                         optimizer: torch.optim.Optimizer, model: nn.Module, input_dir: str | Path,
-                        optimizer_index: int = 0, adapter_only: bool = False) -> None:
-    """Load what `save_fsdp_optimizer` wrote into the prepared optimizer.
+                        optimizer_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> None:
+    """Load what `save_fsdp_optimizer` wrote (with the same `use_dcp`) into the prepared optimizer.
 
     Example:
         >>> from hasten import PartialState  # in a run: accelerator.state.fsdp_plugin, accelerator
@@ -454,6 +477,9 @@ def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
     if _is_full(fsdp_plugin):
         saved = torch.load(input_dir / _name(OPTIMIZER_DIR, optimizer_index, ".bin"), weights_only=True)
         load_full_optimizer_state_dict(model, inner, saved)
+    elif not use_dcp:
+        saved = torch.load(_per_rank(input_dir, OPTIMIZER_DIR, optimizer_index, accelerator), weights_only=True)
+        set_optimizer_state_dict(model, inner, saved)
     else:
         state = optimizer_state(model, inner)
         dcp.load(state, checkpoint_id=input_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")

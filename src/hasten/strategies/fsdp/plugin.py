@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 __all__ = ["FullyShardedDataParallelPlugin", "SHARDING_STRATEGIES", "STATE_DICT_TYPES", "AUTO_WRAP_POLICIES",
            "BACKWARD_PREFETCHES", "FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH",
-           "FSDP_STATE_DICT_TYPE"]
+           "FSDP_STATE_DICT_TYPE", "FSDP2_STATE_DICT_TYPE"]
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
@@ -25,6 +25,7 @@ FSDP_SHARDING_STRATEGY = list(SHARDING_STRATEGIES)
 FSDP_AUTO_WRAP_POLICY = list(AUTO_WRAP_POLICIES)
 FSDP_BACKWARD_PREFETCH = list(BACKWARD_PREFETCHES)
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]  # FSDP2's choices, in Accelerate's order
 
 
 def _upper(value: Any) -> Any:
@@ -53,6 +54,15 @@ class FullyShardedDataParallelPlugin:
       process with `torch.distributed.checkpoint`) or FULL_STATE_DICT (one
       full file written by the main process).
     - `fsdp_version`: 2; 1 is accepted and run on FSDP2, with a one-line notice.
+    - `activation_checkpointing_offload`: with `activation_checkpointing`, keep
+      each checkpointed unit's saved input in CPU memory until backward
+      (on a CPU run there is nothing to move).
+    - `state_dict_config` / `optim_state_dict_config`: torch's FSDP state-dict
+      configs (default, as Accelerate's: offloaded to CPU, and on rank 0 only
+      for FULL_STATE_DICT); `save_fsdp_model` honours `offload_to_cpu`.
+    - `param_init_fn`: how a module whose tensors are on the meta device gets
+      real storage on processes that receive the main process's weights
+      (default: `to_empty` on the run's device).
 
     Example:
         >>> plugin = FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP", fsdp_version=2)
@@ -73,6 +83,10 @@ class FullyShardedDataParallelPlugin:
     sync_module_states: bool = True
     mixed_precision_policy: Any = None  # a torch MixedPrecisionPolicy; None: from the Accelerator's mixed_precision
     ignored_modules: list[Any] | None = None
+    activation_checkpointing_offload: bool = False
+    state_dict_config: Any = None  # torch's Full/ShardedStateDictConfig; None: from state_dict_type
+    optim_state_dict_config: Any = None  # torch's Full/ShardedOptimStateDictConfig; None: from state_dict_type
+    param_init_fn: Callable[[Any], Any] | None = None  # module -> module, for modules on the meta device
     # FSDP1 knobs that FSDP2 has no use for; accepted so peer scripts and files run, and ignored with a notice.
     backward_prefetch: str | None = None
     forward_prefetch: bool = False
@@ -95,6 +109,10 @@ class FullyShardedDataParallelPlugin:
                              "(or a callable module -> bool).")
         if self.fsdp_version not in (1, 2):
             raise ValueError(f"fsdp_version={self.fsdp_version!r} must be 1 or 2.")
+        if self.activation_checkpointing_offload and not self.activation_checkpointing:
+            raise ValueError("activation_checkpointing_offload=True needs activation_checkpointing=True; "
+                             "set both, or drop activation_checkpointing_offload.")
+        self._default_state_dict_configs()
         if self.fsdp_version == 1:
             self.notices.append("fsdp_version 1 is run on FSDP2 (fully_shard) with the same settings; "
                                 "set fsdp_version: 2 to silence this notice.")
@@ -113,6 +131,23 @@ class FullyShardedDataParallelPlugin:
         if self.backward_prefetch not in (None, "NO_PREFETCH", "BACKWARD_PRE"):
             self.notices.append(f"backward_prefetch={self.backward_prefetch} is an FSDP1 setting; FSDP2 prefetches "
                                 "the next unit itself, so it is not used.")
+
+    def _default_state_dict_configs(self) -> None:
+        """Accelerate's defaults for the state-dict configs left as None (torch's classes, imported only then)."""
+        if self.state_dict_config is not None and self.optim_state_dict_config is not None:
+            return
+        from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig,
+                                            ShardedStateDictConfig)
+
+        model: Any
+        optim: Any
+        if self.state_dict_type == "FULL_STATE_DICT":
+            model, optim = FullStateDictConfig(offload_to_cpu=True, rank0_only=True), FullOptimStateDictConfig(
+                offload_to_cpu=True, rank0_only=True)
+        else:
+            model, optim = ShardedStateDictConfig(offload_to_cpu=True), ShardedOptimStateDictConfig(offload_to_cpu=True)
+        self.state_dict_config = model if self.state_dict_config is None else self.state_dict_config
+        self.optim_state_dict_config = optim if self.optim_state_dict_config is None else self.optim_state_dict_config
 
     @property
     def is_hybrid(self) -> bool:
@@ -145,6 +180,7 @@ class FullyShardedDataParallelPlugin:
             state_dict_type=get("fsdp_state_dict_type", "SHARDED_STATE_DICT"),
             cpu_offload=bool(get("fsdp_offload_params", False)),
             activation_checkpointing=bool(get("fsdp_activation_checkpointing", False)),
+            activation_checkpointing_offload=bool(get("fsdp_activation_checkpointing_offload", False)),
             cpu_ram_efficient_loading=bool(get("fsdp_cpu_ram_efficient_loading", True)),
             sync_module_states=bool(get("fsdp_sync_module_states", True)),
             backward_prefetch=get("fsdp_backward_prefetch"),

@@ -76,6 +76,44 @@ def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -
     return lambda module: type(module).__name__ in wanted
 
 
+def offload_saved_inputs(unit: nn.Module, pin_memory: bool = True) -> None:
+    """Keep the input `unit`'s activation checkpoint saves for its recompute in CPU memory until backward."""
+    from torch.autograd.graph import save_on_cpu
+
+    from torch.distributed._composable import checkpoint
+
+    def enter(module: nn.Module, args: Any) -> None:
+        # Off during backward's recompute (the checkpoint turns its own hooks off then): nothing to keep there.
+        context = save_on_cpu(pin_memory=pin_memory) if checkpoint.state(module).enable_hook else None
+        if context is not None:
+            context.__enter__()
+        module.__dict__.setdefault("_hasten_offload", []).append(context)
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        context = module.__dict__["_hasten_offload"].pop()
+        if context is not None:
+            context.__exit__(None, None, None)
+
+    # Around the checkpoint's own hooks: the inputs it keeps for the recompute are saved outside its region.
+    unit.register_forward_pre_hook(enter, prepend=True)
+    unit.register_forward_hook(leave, always_call=True)
+
+
+def _materialize(model: nn.Module, device: torch.device, param_init_fn: Callable[[nn.Module], Any] | None) -> None:
+    """Give a model built on the meta device real (uninitialised) storage; the main process's weights follow.
+
+    With the plugin's `param_init_fn`, each module holding meta tensors of its
+    own is passed to it (as FSDP1's); whatever is still on meta goes to `device`.
+    """
+    if param_init_fn is not None:
+        for module in list(model.modules()):
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            if any(t.is_meta for t in own):
+                param_init_fn(module)
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        model.to_empty(device=device)
+
+
 class FSDPStrategy(Strategy):
     """Shard every prepared model with FSDP2; the optimizer steps on each process's shard.
 
@@ -221,7 +259,7 @@ class FSDPStrategy(Strategy):
         if self.shards:  # tensor parallel alone shards nothing more (Accelerate wraps nothing then)
             self._shard(model)
         if on_meta:
-            model.to_empty(device=self.device)
+            _materialize(model, self.device, self.plugin.param_init_fn)
         if broadcast:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -244,6 +282,13 @@ class FSDPStrategy(Strategy):
 
             for unit in units or [model]:
                 checkpoint(unit)
+            if self.plugin.activation_checkpointing_offload:
+                if self.device.type == "cpu":
+                    notice_once("fsdp activation_checkpointing_offload: a CPU run keeps activations in CPU memory "
+                                "already; nothing to offload.")
+                else:
+                    for unit in units or [model]:
+                        offload_saved_inputs(unit)
         offload = OffloadPolicy()
         if self.plugin.cpu_offload:
             if self.device.type == "cpu":
