@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import inspect
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -36,7 +37,7 @@ PROBES = [
     "is_xpu_available", "is_bnb_available", "is_4bit_bnb_available", "is_8bit_bnb_available",
     "is_bitsandbytes_multi_backend_available",
     "is_lomo_available", "is_rocm_available", "is_import_timer_available", "is_neuron_available", "is_xccl_available",
-    "is_habana_gaudi1", "is_transformer_engine_mxfp8_available",
+    "is_habana_gaudi1", "is_transformer_engine_mxfp8_available", "is_amdsmi_available",
 ]
 # The releases from which Accelerate 1.15 offers a feature (its ``utils.constants`` names; tests and libraries
 # compare installed versions with them).
@@ -65,7 +66,7 @@ BETA_SP_AVAILABLE_DEEPSPEED_VERSION = MINIMUM_VERSIONS["BETA_SP_AVAILABLE_DEEPSP
 
 # Beyond the probes (the peer has them in ``utils.versions``).
 __all__ = [*PROBES, "compare_versions", "is_torch_version", "STR_OPERATION_TO_FUNC", "MINIMUM_VERSIONS",
-           *MINIMUM_VERSIONS]
+           *MINIMUM_VERSIONS, "torchao_required"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,12 +97,10 @@ is_dvclive_available = _package_probe("is_dvclive_available", "dvclive")
 is_matplotlib_available = _package_probe("is_matplotlib_available", "matplotlib")
 is_mlflow_available = _package_probe("is_mlflow_available", "mlflow")
 is_msamp_available = _package_probe("is_msamp_available", "msamp")
-is_numpy_available = _package_probe("is_numpy_available", "numpy")
 is_pandas_available = _package_probe("is_pandas_available", "pandas")
 is_peft_available = _package_probe("is_peft_available", "peft")
 is_pynvml_available = _package_probe("is_pynvml_available", "pynvml")
 is_pytest_available = _package_probe("is_pytest_available", "pytest")
-is_rich_available = _package_probe("is_rich_available", "rich")
 is_safetensors_available = _package_probe("is_safetensors_available", "safetensors")
 is_sagemaker_available = _package_probe("is_sagemaker_available", "sagemaker")
 is_schedulefree_available = _package_probe("is_schedulefree_available", "schedulefree")
@@ -117,7 +116,56 @@ is_transformer_engine_available = _package_probe("is_transformer_engine_availabl
 is_transformers_available = _package_probe("is_transformers_available", "transformers")
 is_triton_available = _package_probe("is_triton_available", "triton")
 is_wandb_available = _package_probe("is_wandb_available", "wandb")
-is_bnb_available = _package_probe("is_bnb_available", "bitsandbytes")
+is_amdsmi_available = _package_probe("is_amdsmi_available", "amdsmi")
+
+
+def is_rich_available() -> bool:
+    """True when rich is installed and asked for (``ACCELERATE_ENABLE_RICH=1``), Accelerate's test for rich output.
+
+    Example:
+        >>> isinstance(is_rich_available(), bool)
+        True
+    """
+    import os
+
+    return _installed("rich") and os.environ.get("ACCELERATE_ENABLE_RICH", "").lower() in ("1", "true", "yes", "y",
+                                                                                          "on", "t")
+
+
+def _at_least(package: str, min_version: str | None) -> bool:
+    """`package` is installed and, when `min_version` is given, at that version or newer (read from its metadata)."""
+    if not _installed(package):
+        return False
+    if min_version is None:
+        return True
+    from packaging.version import Version
+
+    try:
+        return Version(importlib.metadata.version(package)) >= Version(min_version)
+    except importlib.metadata.PackageNotFoundError:  # a folder of that name, not an installed distribution
+        return False
+
+
+def is_bnb_available(min_version: str | None = None) -> bool:
+    """True when bitsandbytes is installed (at `min_version` or newer, when given), checked without importing it.
+
+    Example:
+        >>> isinstance(is_bnb_available(min_version="0.43.0"), bool)
+        True
+    """
+    return _at_least("bitsandbytes", min_version)
+
+
+def is_numpy_available(min_version: str = "1.25.0") -> bool:
+    """True when numpy `min_version` or newer is installed (checked without importing it).
+
+    Example:
+        >>> is_numpy_available(min_version="1.0")
+        True
+    """
+    return _at_least("numpy", min_version)
+
+
 is_4bit_bnb_available = is_bnb_available
 is_8bit_bnb_available = is_bnb_available
 
@@ -137,20 +185,48 @@ is_lomo_available = _package_probe("is_lomo_available", "lomo_optim")
 is_import_timer_available = _package_probe("is_import_timer_available", "import_timer")
 
 
-def _never(name: str, reason: str) -> Callable[..., bool]:
+def _never(name: str, reason: str, **parameters: Any) -> Callable[..., bool]:
+    """A probe answering False; it takes Accelerate's `parameters` (by name, with their defaults) and ignores them."""
+
     def probe(*args: Any, **kwargs: Any) -> bool:
         return False
 
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    probe.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(key, keyword, default=value) for key, value in parameters.items()], return_annotation=bool)
     return _named(probe, name, f"Always False: {reason}.")
 
 
-is_torch_xla_available = _never("is_torch_xla_available", "hasten has no TPU / XLA backend")
+is_torch_xla_available = _never("is_torch_xla_available", "hasten has no TPU / XLA backend", check_is_tpu=False,
+                                check_is_gpu=False)
 is_megatron_lm_available = _never("is_megatron_lm_available", "hasten has no Megatron-LM engine")
 is_pippy_available = _never("is_pippy_available", "hasten uses torch.distributed.pipelining directly, not the PiPPy package")
 is_ipex_available = _never("is_ipex_available", "hasten does not use Intel Extension for PyTorch")
-for _name in ("mlu", "sdaa", "musa", "npu", "hpu", "neuron"):
-    globals()[f"is_{_name}_available"] = _never(f"is_{_name}_available", f"hasten has no {_name.upper()} backend")
+for _name in ("mlu", "sdaa", "musa", "npu", "neuron"):
+    globals()[f"is_{_name}_available"] = _never(f"is_{_name}_available", f"hasten has no {_name.upper()} backend",
+                                                check_device=False)
+is_hpu_available = _never("is_hpu_available", "hasten has no HPU (Gaudi) backend", init_hccl=False)
 is_habana_gaudi1 = _never("is_habana_gaudi1", "hasten has no HPU (Gaudi) backend")
+
+
+def torchao_required(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: calling `func` without torchao installed raises ImportError saying to install it.
+
+    Example:
+        >>> @torchao_required
+        ... def convert(): return "converted"
+        >>> convert() if is_torchao_available() else "converted"
+        'converted'
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_torchao_available():
+            raise ImportError(f"{func.__name__} needs torchao, which is not installed; install it with "
+                              "`pip install torchao`.")
+        return func(*args, **kwargs)
+
+    return wrapper
 
 
 def is_transformer_engine_mxfp8_available() -> bool:

@@ -53,7 +53,17 @@ __all__ = [
     "send_to_device",
     "slice_tensors",
     "wait_for_everyone",
+    "get_shape",
+    "is_torch_xpu_tensor",
+    "gather_tensor_shape",
+    "TENSOR_TYPE_TO_INT",
+    "TENSOR_INT_TO_DTYPE",
 ]
+
+# Accelerate's codes for the dtypes a tensor shape message carries (`gather_tensor_shape`).
+TENSOR_TYPE_TO_INT = {torch.float: 1, torch.double: 2, torch.half: 3, torch.bfloat16: 4, torch.uint8: 5, torch.int8: 6,
+                      torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10}
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
 
 
 def is_torch_tensor(tensor: Any) -> bool:
@@ -338,6 +348,46 @@ def convert_to_fp32(tensor: Any) -> Any:
                              test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16))
 
 
+
+
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """True for a tensor on an Intel XPU.
+
+    Example:
+        >>> is_torch_xpu_tensor(torch.ones(1))
+        False
+    """
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
+def get_shape(data: Any) -> Any:
+    """The same nested structure with each tensor replaced by its shape, as a list of ints.
+
+    Example:
+        >>> get_shape({"x": torch.ones(2, 3), "y": [torch.ones(4)]})
+        {'x': [2, 3], 'y': [[4]]}
+    """
+    return recursively_apply(lambda tensor: list(tensor.shape), data)
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """The shape and dtype code (`TENSOR_TYPE_TO_INT`) of the tensor that exactly one process holds (others: None).
+
+    Collective: call it on every process; every process gets the holder's
+    shape as a 1-D int tensor and its dtype's code.
+
+    Example:
+        >>> gather_tensor_shape(torch.ones(2, 3))
+        (tensor([2, 3]), 1)
+    """
+    described = [None if tensor is None else (list(tensor.shape), TENSOR_TYPE_TO_INT[tensor.dtype])]
+    if collectives._distributed():
+        described = [info for info in collectives.gather_object(described) if info is not None]
+    if len(described) != 1 or described[0] is None:
+        raise ValueError(f"gather_tensor_shape needs the tensor on exactly one process but {len(described)} passed "
+                         "one; pass None on every other process.")
+    shape, code = described[0]
+    return torch.tensor(shape, dtype=torch.int64), code
 
 
 def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:

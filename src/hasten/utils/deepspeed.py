@@ -9,7 +9,10 @@ Example:
 from ..core.errors import DeepSpeedConfigError
 from ..strategies.deepspeed.config import HfDeepSpeedConfig, require_deepspeed
 from ..strategies.deepspeed.dummies import DummyOptim, DummyScheduler
+from ..strategies.deepspeed.helpers import get_active_deepspeed_plugin, map_pytorch_optim_to_deepspeed
 from ..strategies.deepspeed.plugin import DeepSpeedPlugin
+from ..strategies.deepspeed.wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
 __all__ = ["DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "DeepSpeedConfigError",
-           "require_deepspeed"]
+           "require_deepspeed", "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
+           "get_active_deepspeed_plugin", "map_pytorch_optim_to_deepspeed"]

@@ -7,6 +7,7 @@ Example:
 """
 
 from ..core.availability import *  # noqa: F401,F403 - every probe
-from ..core.availability import PROBES
+from ..core.availability import PROBES, torchao_required
+from ..strategies.deepspeed.helpers import deepspeed_required
 
-__all__ = PROBES
+__all__ = [*PROBES, "torchao_required", "deepspeed_required"]

@@ -1,5 +1,6 @@
 """The peer's ``accelerate.utils.operations`` path: names only; the code lives in `hasten.runtime.operations`
-(batch helpers and collectives with the peer's parameter names) and `hasten.runtime.collectives`.
+(batch helpers and collectives with the peer's parameter names), `hasten.runtime.collectives`,
+`hasten.runtime.verify` (debug-mode checks) and `hasten.strategies.deepspeed.helpers` (`GatheredParameters`).
 
 Example:
     >>> import torch
@@ -11,6 +12,8 @@ Example:
 from ..runtime.collectives import CannotPadNestedTensorWarning, recursively_apply, send_to_device
 from ..runtime.precision import ConvertOutputsToFp32, convert_outputs_to_fp32
 from ..core.errors import DistributedOperationException
+from ..runtime.verify import chained_operation, verify_operation
+from ..strategies.deepspeed.helpers import GatheredParameters
 from ..runtime.operations import (
     broadcast,
     broadcast_object_list,
@@ -19,6 +22,9 @@ from ..runtime.operations import (
     copy_tensor_to_devices,
     TensorInformation,
     find_batch_size,
+    gather_tensor_shape,
+    get_shape,
+    is_torch_xpu_tensor,
     find_device,
     gather,
     get_data_structure,
@@ -64,4 +70,10 @@ __all__ = [
     "reduce",
     "send_to_device",
     "slice_tensors",
+    "GatheredParameters",
+    "chained_operation",
+    "gather_tensor_shape",
+    "get_shape",
+    "is_torch_xpu_tensor",
+    "verify_operation",
 ]

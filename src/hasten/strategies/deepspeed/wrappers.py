@@ -22,9 +22,8 @@ class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
 
     Example:
         >>> import torch
-        >>> from hasten.runtime.gradient_state import GradientState
         >>> model = torch.nn.Linear(2, 2)
-        >>> optimizer = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), GradientState())
+        >>> optimizer = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
         >>> scheduler = DeepSpeedSchedulerWrapper(torch.optim.lr_scheduler.StepLR(optimizer.optimizer, 1, 0.5), [optimizer])
         >>> scheduler.step(); scheduler.get_last_lr()  # unchanged: the engine steps it
         [0.1]
