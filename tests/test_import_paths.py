@@ -51,7 +51,7 @@ def test_peer_arguments_hasten_lacks_are_refused_with_the_way_out(name, words):
     from hasten import Accelerator
 
     with pytest.raises(NotImplementedError, match=words):
-        Accelerator(cpu=True, **{name: ["generator"]})
+        Accelerator(cpu=True, **{name: {"student": object(), "teacher": object()}})  # several: one engine here
 
 
 def test_a_submodule_is_an_attribute_of_the_package_as_in_accelerate():

@@ -68,6 +68,20 @@ _UNSUPPORTED = {
     "deepspeed_plugins": "several DeepSpeed plugins in one Accelerator (pass one as deepspeed_plugin=)",
 }
 
+
+def _one_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+    """The DeepSpeed plugin to run: `deepspeed_plugin`, or `deepspeed_plugins`; either may be Accelerate's dict of
+    named plugins, which must hold exactly one here (hasten runs one engine configuration)."""
+    if deepspeed_plugin is not None and deepspeed_plugins is not None:
+        raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both.")
+    given = deepspeed_plugin if deepspeed_plugin is not None else deepspeed_plugins
+    if isinstance(given, dict):
+        if len(given) != 1:
+            _refuse_unsupported({"deepspeed_plugins": given})
+        return next(iter(given.values()))
+    return given
+
+
 _SYNC_STEP = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
@@ -179,9 +193,13 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         dynamo_plugin: TorchDynamoPlugin | None = None,
         rng_types: list[Any] | None = None,
         torch_tp_plugin: TorchTensorParallelPlugin | None = None,
+        megatron_lm_plugin: Any = None,
+        deepspeed_plugins: dict[str, DeepSpeedPlugin] | DeepSpeedPlugin | None = None,
         **unsupported: Any,
     ) -> None:
-        _refuse_unsupported(unsupported)
+        _refuse_unsupported({**unsupported, "megatron_lm_plugin": megatron_lm_plugin})
+        named_plugins = next((p for p in (deepspeed_plugin, deepspeed_plugins) if isinstance(p, dict)), None)
+        deepspeed_plugin = _one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         spec = LaunchSpec.current()  # what `hasten launch` passed: the fallback for every argument left as None
         fsdp_plugin, deepspeed_plugin = _engine_plugins(fsdp_plugin, deepspeed_plugin, spec)
         handlers = _Handlers.split(kwargs_handlers)
@@ -241,6 +259,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.scaler = self.precision.scaler
         self.state._record(distributed_type=self.strategy.distributed_type, mixed_precision=self.precision.name,
                            fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
+                           deepspeed_plugins=named_plugins if named_plugins is not None else deepspeed_plugin,
                            dynamo_plugin=self.dynamo_plugin)
         self._init_prepared()  # what prepare returns, remembered in order
         self._init_checkpoints()  # last: registered objects, hooks, the batch-boundary watch (a collective)

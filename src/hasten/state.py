@@ -1,7 +1,8 @@
 """Accelerate's ``accelerate.state`` path: names only; the code lives in `hasten.runtime.state`.
 
 `GradientState` is defined in `hasten.runtime.gradient_state`, `shutdown_process_group`
-in `hasten.process.group`.
+in `hasten.process.group`, `do_nothing` and `ThreadLocalSharedDict` in `hasten.core.objects`;
+`DistributedType` (which Accelerate's module imports, and scripts import from it) in `hasten.options`.
 
 Example:
     >>> from hasten.state import PartialState
@@ -12,8 +13,11 @@ Example:
 
 from __future__ import annotations
 
+from .core.objects import ThreadLocalSharedDict, do_nothing
+from .options import DistributedType
 from .runtime.gradient_state import GradientState
 from .process.group import shutdown_process_group
 from .runtime.state import AcceleratorState, PartialState, is_initialized
 
-__all__ = ["PartialState", "AcceleratorState", "GradientState", "is_initialized", "shutdown_process_group"]
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "is_initialized", "shutdown_process_group",
+           "DistributedType", "ThreadLocalSharedDict", "do_nothing"]

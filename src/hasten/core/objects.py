@@ -1,6 +1,7 @@
-"""Small helpers over plain Python values: a dotted `getattr`, a recursive dict merge, a readable name, byte counts.
+"""Small helpers over plain Python values: a dotted `getattr`, a recursive dict merge, a readable name, byte counts,
+a function that does nothing and a per-thread shared dict.
 
-The peer's path for these is ``accelerate.utils.other``.
+The peer's path for these is ``accelerate.utils.other`` (the last two: ``accelerate.state``).
 
 Example:
     >>> from hasten.core.objects import merge_dicts, recursive_getattr
@@ -10,9 +11,10 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-__all__ = ["convert_bytes", "get_pretty_name", "merge_dicts", "recursive_getattr"]
+__all__ = ["convert_bytes", "get_pretty_name", "merge_dicts", "recursive_getattr", "do_nothing", "ThreadLocalSharedDict"]
 
 
 def get_pretty_name(obj: Any) -> str:
@@ -67,3 +69,39 @@ def convert_bytes(size: float) -> str:
             return f"{round(size, 2)} {unit}"
         size /= 1024.0
     return f"{round(size, 2)} PB"
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept anything, do nothing, return None (what a rank-filtered call becomes on the other processes).
+
+    Example:
+        >>> do_nothing(1, key="value") is None
+        True
+    """
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class attribute holding one dict per thread, shared by the class and its instances (a descriptor).
+
+    Accelerate keeps its shared state in one on TPUs (one thread per
+    device); hasten's state is per process and never needs it, but scripts
+    may use the class. Replace the dict through an instance
+    (``obj.attr = {...}``); assigning on the class replaces the descriptor.
+
+    Example:
+        >>> class Shared:
+        ...     state = ThreadLocalSharedDict()
+        >>> Shared().state["device"] = "cpu"
+        >>> Shared.state
+        {'device': 'cpu'}
+    """
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[str, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        self._storage = value

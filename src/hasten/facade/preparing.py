@@ -238,7 +238,7 @@ class PreparePart:
             self._keep_model(model, prepared)
         prepared_optimizers: list[AcceleratedOptimizer] = []
         for optimizer, inner in zip(optimizers, stepped):
-            prepared_optimizer = AcceleratedOptimizer(inner, self.gradient_state, strategy)
+            prepared_optimizer = AcceleratedOptimizer(inner, gradient_state=self.gradient_state, strategy=strategy)
             self._optimizers.append(prepared_optimizer)
             self._remember(optimizer, prepared_optimizer)
             _mark_prepared(prepared_optimizer)

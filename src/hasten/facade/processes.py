@@ -99,6 +99,17 @@ class ProcessPart:
         return self.state.is_fsdp2
 
     @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """True when the run composes parallelisms on one device mesh (Accelerate's test: an FSDP2 run).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).is_composable_parallelism_enabled
+            False
+        """
+        return self.state.is_fsdp2
+
+    @property
     def should_save_model(self) -> bool:
         """Whether this process takes part in saving the model: True on every process, as in Accelerate 1.15.
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..options import AutocastKwargs, ProfileKwargs
+from ..options.kwargs import PROFILE_PATTERN_NAME
 
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
@@ -232,6 +233,33 @@ class RuntimePart:
         config = self.state.parallelism_config
         return self._mesh_rank("dp_shard", config is not None and config.dp_shard_enabled)
 
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's rank on the "cp" dim (0 without context parallelism); Accelerate 1.15 raises instead.
+
+        Example:
+            >>> from hasten import Accelerator, ParallelismConfig
+            >>> Accelerator(cpu=True, parallelism_config=ParallelismConfig()).context_parallel_rank
+            0
+        """
+        config = self.state.parallelism_config
+        return self._mesh_rank("cp", config is not None and config.cp_enabled)
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Not available, as in Accelerate: a `ParallelismConfig` has no pipeline dimension.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).pipeline_parallel_rank
+            Traceback (most recent call last):
+            ...
+            NotImplementedError: pipeline_parallel_rank: a ParallelismConfig has no pipeline dimension, as in Accelerate; split a model into stages with prepare_pippy or prepare_pipeline_training instead.
+        """
+        raise NotImplementedError("pipeline_parallel_rank: a ParallelismConfig has no pipeline dimension, as in "
+                                  "Accelerate; split a model into stages with prepare_pippy or prepare_pipeline_training "
+                                  "instead.")
+
     @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
                                no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
@@ -299,5 +327,5 @@ class RuntimePart:
             yield profiler
         if handler.output_trace_dir is not None and handler.on_trace_ready is None:
             os.makedirs(handler.output_trace_dir, exist_ok=True)
-            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.state.process_index}.json"))
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, PROFILE_PATTERN_NAME.format(suffix=self.state.process_index)))
         self.state.wait_for_everyone()

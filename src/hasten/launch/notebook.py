@@ -44,7 +44,21 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from ..process.launch_spec import LaunchSpec
 from .plan import LaunchError, LaunchPlan, find_free_port, port_in_use
 
-__all__ = ["notebook_launcher", "debug_launcher", "WorkerFailedError"]
+__all__ = ["notebook_launcher", "debug_launcher", "WorkerFailedError", "test_launch"]
+
+
+def test_launch() -> None:
+    """Check that this process can set up its state (what a launched function does first); raises if it cannot.
+
+    Example:
+        >>> test_launch()
+    """
+    from ..runtime.state import PartialState
+
+    PartialState()
+
+
+test_launch.__test__ = False  # type: ignore[attr-defined]  # a launcher's probe, not a pytest test
 
 
 class WorkerFailedError(ChildFailedError, RuntimeError):

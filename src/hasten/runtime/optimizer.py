@@ -11,7 +11,7 @@ from .gradient_state import GradientState
 if TYPE_CHECKING:
     from .precision import PrecisionPolicy
 
-__all__ = ["AcceleratedOptimizer", "OptimizerSteps"]
+__all__ = ["AcceleratedOptimizer", "OptimizerSteps", "move_to_device", "patch_optimizer_step"]
 
 
 class OptimizerSteps(Protocol):
@@ -33,12 +33,15 @@ class OptimizerSteps(Protocol):
 
 
 class _PlainSteps:
-    """One device, full precision: torch's own step and zero_grad (what `Strategy` does without fp16)."""
+    """Without a strategy: torch's own step and zero_grad, through `scaler` when one is given (fp16 loss scaling)."""
 
-    def __init__(self) -> None:
-        from .precision import make_precision_policy
+    def __init__(self, scaler: Any = None) -> None:
+        from .precision import PrecisionPolicy, make_precision_policy
 
         self.precision = make_precision_policy("no", torch.device("cpu"))
+        if scaler is not None:
+            self.precision = PrecisionPolicy(name="fp16", device_type=self.precision.device_type, dtype=torch.float16,
+                                             scaler=scaler)
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
         return self.precision.step(optimizer, closure)
@@ -61,24 +64,32 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     Example:
         >>> param = torch.nn.Parameter(torch.ones(1))
-        >>> opt = AcceleratedOptimizer(torch.optim.SGD([param], lr=0.1), GradientState())
+        >>> opt = AcceleratedOptimizer(torch.optim.SGD([param], lr=0.1))
         >>> param.grad = torch.ones(1); opt.step(); param.data
         tensor([0.9000])
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState,
-                 strategy: OptimizerSteps | None = None) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None, *,
+                 gradient_state: GradientState | None = None, strategy: OptimizerSteps | None = None) -> None:
         # Deliberately not calling Optimizer.__init__: all state lives in the wrapped optimizer.
-        if strategy is None:
-            strategy = _PlainSteps()
+        if strategy is None:  # built by hand, as Accelerate's: the state follows the run's device, `scaler` steps it
+            strategy = _PlainSteps(scaler)
+            if device_placement:
+                from .state import AcceleratorState
+
+                optimizer.load_state_dict(move_to_device(optimizer.state_dict(), AcceleratorState().device))
+        elif scaler is not None:
+            raise ValueError("pass scaler= or strategy=, not both: a strategy steps through its own precision's scaler.")
         self.optimizer = optimizer
-        self.gradient_state = gradient_state
+        self.device_placement = device_placement
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.strategy = strategy
         self.scaler = strategy.precision.scaler
         # Bound once: the strategy (and its precision) decide how a step and a zero_grad are done.
         self._step = strategy.optimizer_step
         self._zero_grad = strategy.zero_grad
         self._is_overflow = False  # Accelerate's name for it: libraries and its tests set and read it
+        self._accelerate_step_called = False  # set by `patch_optimizer_step`'s wrapper, as Accelerate's
 
     @property
     def step_was_skipped(self) -> bool:
@@ -148,3 +159,41 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return None
         result, self._is_overflow = self._step(self.optimizer, closure)
         return result
+
+
+def move_to_device(state: Any, device: torch.device | str) -> Any:
+    """`state` (nested lists, tuples, dicts) with every tensor moved to `device`; other values as they are.
+
+    Example:
+        >>> move_to_device({"step": 3, "exp_avg": [torch.zeros(1)]}, "cpu")
+        {'step': 3, 'exp_avg': [tensor([0.])]}
+    """
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return type(state)({key: move_to_device(value, device) for key, value in state.items()})
+    if isinstance(state, (list, tuple)):
+        moved = [move_to_device(item, device) for item in state]
+        return type(state)(*moved) if hasattr(state, "_fields") else type(state)(moved)
+    return state
+
+
+def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method` (an optimizer's `step`) wrapped to note, on `accelerated_optimizer`, that it was called.
+
+    Accelerate wraps the inner optimizer's step with it to see whether the
+    fp16 scaler skipped the step (`_accelerate_step_called` stays False then).
+
+    Example:
+        >>> param = torch.nn.Parameter(torch.ones(1))
+        >>> opt = AcceleratedOptimizer(torch.optim.SGD([param], lr=0.1))
+        >>> step = patch_optimizer_step(opt, lambda: "stepped")
+        >>> step(), opt._accelerate_step_called
+        ('stepped', True)
+    """
+
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step

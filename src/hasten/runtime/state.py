@@ -33,6 +33,7 @@ __all__ = ["PartialState", "AcceleratorState", "is_initialized"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+
 class PartialState:
     """Rank, world size, device and synchronisation helpers for this process.
 
@@ -322,6 +323,55 @@ class AcceleratorState(PartialState):
         ('bf16', 'NO')
     """
 
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool | None = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """The process's state (`cpu`, and `backend` / `timeout` in `kwargs`, as `PartialState`) with the run's decisions.
+
+        The settings are the Accelerator's to make: once one exists, asking
+        for another `mixed_precision` is refused as Accelerate refuses it;
+        before one exists, settings are taken only from an Accelerator
+        (`_from_accelerator=True`), and a `megatron_lm_plugin` never (hasten
+        has no Megatron-LM engine).
+        """
+        super().__init__(cpu, **kwargs)
+        if megatron_lm_plugin is not None:
+            raise NotImplementedError("AcceleratorState(megatron_lm_plugin=...) needs the Megatron-LM engine, which "
+                                      "hasten does not have; train with DDP, FSDP or DeepSpeed instead.")
+        settings = {name: value for name, value in dict(
+            mixed_precision=mixed_precision, dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, parallelism_config=parallelism_config,
+        ).items() if value is not None}
+        if _run_facts:
+            current = _run_facts.get("mixed_precision", "no")
+            if mixed_precision is not None and mixed_precision != current and (
+                    _run_facts.get("distributed_type") != "DEEPSPEED"):
+                raise ValueError(f"AcceleratorState has already been initialized and cannot be changed: this run uses "
+                                 f"mixed_precision={current!r}; restart your runtime completely and pass "
+                                 f"`mixed_precision='{mixed_precision}'` to `Accelerator()`.")
+        elif settings:
+            if not _from_accelerator:
+                raise ValueError("AcceleratorState(...) takes its settings from an Accelerator: properly initialize "
+                                 "your accelerator via `accelerator = Accelerator(...)` with these settings first.")
+            from ..options import DistributedType
+
+            if deepspeed_plugin is not None:  # as the peer: the engine plugin given decides the kind of run
+                settings["distributed_type"] = DistributedType.DEEPSPEED
+            elif fsdp_plugin is not None and self.topology.is_distributed:
+                settings["distributed_type"] = DistributedType.FSDP
+            settings.setdefault("mixed_precision", "no")
+            self._record(**settings)
+
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
         """Forget what the newest Accelerator decided: `AcceleratorState()` reports a plain run's defaults again.
@@ -380,6 +430,11 @@ class AcceleratorState(PartialState):
     @property
     def deepspeed_plugin(self) -> Any:
         return self._fact("deepspeed_plugin")
+
+    @property
+    def deepspeed_plugins(self) -> Any:
+        """The DeepSpeed plugin(s) the Accelerator was given: one plugin, or a dict of named ones (None without)."""
+        return self._fact("deepspeed_plugins", self._fact("deepspeed_plugin"))
 
     @property
     def fsdp_plugin(self) -> Any:

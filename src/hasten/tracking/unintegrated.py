@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .base import GeneralTracker
@@ -59,6 +60,9 @@ class AimTracker(UnintegratedTracker):
 
     name, requires_logging_directory, package = "aim", True, "aim"
 
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = ".", **kwargs: Any) -> None:
+        raise refusal(self.name, self.package)
+
 
 class CometMLTracker(UnintegratedTracker):
     """Accelerate's Comet tracker, not integrated: creating it raises `NotImplementedError` in one sentence.
@@ -69,6 +73,9 @@ class CometMLTracker(UnintegratedTracker):
     """
 
     name, requires_logging_directory, package = "comet_ml", False, "comet-ml"
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        raise refusal(self.name, self.package)
 
 
 class ClearMLTracker(UnintegratedTracker):
@@ -81,6 +88,9 @@ class ClearMLTracker(UnintegratedTracker):
 
     name, requires_logging_directory, package = "clearml", False, "clearml"
 
+    def __init__(self, run_name: str | None = None, **kwargs: Any) -> None:
+        raise refusal(self.name, self.package)
+
 
 class DVCLiveTracker(UnintegratedTracker):
     """Accelerate's DVCLive tracker, not integrated: creating it raises `NotImplementedError` in one sentence.
@@ -91,6 +101,9 @@ class DVCLiveTracker(UnintegratedTracker):
     """
 
     name, requires_logging_directory, package = "dvclive", False, "dvclive"
+
+    def __init__(self, run_name: str | None = None, live: Any = None, **kwargs: Any) -> None:
+        raise refusal(self.name, self.package)
 
 
 class SwanLabTracker(UnintegratedTracker):
@@ -104,6 +117,9 @@ class SwanLabTracker(UnintegratedTracker):
     name, requires_logging_directory, package = "swanlab", False, "swanlab"
     main_process_only = False
 
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        raise refusal(self.name, self.package)
+
 
 class TrackioTracker(UnintegratedTracker):
     """Accelerate's Trackio tracker, not integrated: creating it raises `NotImplementedError` in one sentence.
@@ -115,3 +131,6 @@ class TrackioTracker(UnintegratedTracker):
 
     name, requires_logging_directory, package = "trackio", False, "trackio"
     main_process_only = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        raise refusal(self.name, self.package)
