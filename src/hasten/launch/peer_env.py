@@ -38,13 +38,17 @@ from ..options.enums import DynamoBackend, PrecisionType
 from ..process.launch_spec import LaunchSpec, dynamo_settings, fp8_settings
 from ..process.ports import get_free_port, is_port_in_use
 
-__all__ = ["DEEPSPEED_MULTINODE_LAUNCHERS", "spec_from_args", "launcher_env", "_filter_args", "_get_mpirun_args",
+__all__ = ["DEEPSPEED_MULTINODE_LAUNCHERS", "TORCH_LAUNCH_PARAMS", "spec_from_args", "launcher_env", "_filter_args", "_get_mpirun_args",
            "setup_fp8_env", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
            "prepare_extend_env_parallelism_config", "prepare_deepspeed_cmd_env", "prepare_tpu", "env_var_path_add",
            "subprocess", "which"]
 
 # How DeepSpeed reaches the other machines, by Accelerate's names (the first is its default).
 DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
+# The argument names of torch's launcher (``accelerate.utils.constants.TORCH_LAUNCH_PARAMS``, kept for scripts).
+TORCH_LAUNCH_PARAMS = ["nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
+                       "max_restarts", "monitor_interval", "start_method", "role", "module", "m", "no_python", "run_path",
+                       "log_dir", "r", "redirects", "t", "tee", "node_rank", "master_addr", "master_port"]
 # the FSDP options Accelerate's launcher passes as true/false words
 _FSDP_FLAGS = ("fsdp_reshard_after_forward", "fsdp_offload_params", "fsdp_forward_prefetch", "fsdp_use_orig_params",
                "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states", "fsdp_activation_checkpointing",

@@ -13,6 +13,7 @@ import enum
 __all__ = [
     "EnumWithContains", "BaseEnum", "DistributedType", "ComputeEnvironment", "SageMakerDistributedType",
     "FP8BackendType", "CustomDtype", "PrecisionType", "RNGType", "DDPCommunicationHookType", "DynamoBackend",
+    "CUDA_DISTRIBUTED_TYPES", "TORCH_DISTRIBUTED_OPERATION_TYPES",
 ]
 
 
@@ -73,6 +74,15 @@ class DistributedType(str, enum.Enum):
     MULTI_XPU = "MULTI_XPU"
     MULTI_HPU = "MULTI_HPU"
     MULTI_NEURON = "MULTI_NEURON"
+
+
+# Accelerate's groupings of the kinds above (``accelerate.utils.constants``), as the values' strings: the kinds
+# that run on CUDA devices (with its "TP", a kind Accelerate 1.15 no longer has), and the kinds whose collectives
+# go through torch.distributed.
+CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
+TORCH_DISTRIBUTED_OPERATION_TYPES = CUDA_DISTRIBUTED_TYPES + [
+    "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU", "MULTI_HPU", "MULTI_NEURON",
+]
 
 
 class ComputeEnvironment(str, enum.Enum):

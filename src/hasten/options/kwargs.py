@@ -18,8 +18,11 @@ from .enums import DDPCommunicationHookType
 
 __all__ = [
     "KwargsHandler", "AutocastKwargs", "DistributedDataParallelKwargs", "InitProcessGroupKwargs", "GradScalerKwargs",
-    "ProfileKwargs", "split_kwargs_handlers",
+    "ProfileKwargs", "split_kwargs_handlers", "PROFILE_PATTERN_NAME",
 ]
+
+# The file each process writes its trace to under `ProfileKwargs.output_trace_dir` (suffix: the process index).
+PROFILE_PATTERN_NAME = "profile_{suffix}.json"
 
 
 class _KwargsHandler:

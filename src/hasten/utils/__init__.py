@@ -166,6 +166,18 @@ from .offload import (
 )
 from ..runtime.seeding import set_seed
 from ..runtime.throughput import ThroughputMeter, count_flops_per_sample, peak_flops
+from .bnb import has_4bit_bnb_layers, load_and_quantize_model
+from ..big_modeling.filenames import SAFE_WEIGHTS_PATTERN_NAME, WEIGHTS_PATTERN_NAME
+from .constants import (MITA_PROFILING_AVAILABLE_PYTORCH_VERSION, PROFILE_PATTERN_NAME, TORCH_DISTRIBUTED_OPERATION_TYPES,
+                        TORCH_LAUNCH_PARAMS, XPU_PROFILING_AVAILABLE_PYTORCH_VERSION)
+from .dataclasses import BnbQuantizationConfig
+from .deepspeed import get_active_deepspeed_plugin, map_pytorch_optim_to_deepspeed
+from .environment import check_cuda_p2p_ib_support, get_gpu_info, set_numa_affinity
+from .fsdp_utils import (disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading, ensure_weights_retied,
+                         fsdp2_apply_ac, fsdp2_canonicalize_names, fsdp2_load_full_state_dict, fsdp2_prepare_model,
+                         fsdp2_switch_optimizer_parameters, get_fsdp2_grad_scaler)
+from .operations import GatheredParameters
+from .other import get_module_children_bottom_up, model_has_dtensor
 
 __all__ = [
     "broadcast",
@@ -281,6 +293,17 @@ __all__ = [
     "SCHEDULER_NAME",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
+]
+# The rest of Accelerate's package-level names: constants, bitsandbytes, FSDP2 / DeepSpeed helpers, host facts.
+__all__ += [
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION", "PROFILE_PATTERN_NAME", "SAFE_WEIGHTS_PATTERN_NAME",
+    "TORCH_DISTRIBUTED_OPERATION_TYPES", "TORCH_LAUNCH_PARAMS", "WEIGHTS_PATTERN_NAME",
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION", "BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model",
+    "get_active_deepspeed_plugin", "map_pytorch_optim_to_deepspeed", "GatheredParameters", "check_cuda_p2p_ib_support",
+    "get_gpu_info", "set_numa_affinity", "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading",
+    "ensure_weights_retied", "fsdp2_apply_ac", "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_model", "fsdp2_switch_optimizer_parameters", "get_fsdp2_grad_scaler", "get_module_children_bottom_up",
+    "model_has_dtensor",
 ]
 # Engine plugins and helpers, and the big-model helpers (``accelerate.utils.modeling`` / ``.offload`` names).
 __all__ += sorted([

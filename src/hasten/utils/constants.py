@@ -17,15 +17,18 @@ from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the p
 from ..checkpointing.constants import __all__ as _names
 from ..launch.peer_config import (SAGEMAKER_PARALLEL_EC2_INSTANCES, SAGEMAKER_PYTHON_VERSION, SAGEMAKER_PYTORCH_VERSION,
                                   SAGEMAKER_TRANSFORMERS_VERSION)
-from ..launch.peer_env import DEEPSPEED_MULTINODE_LAUNCHERS
+from ..launch.peer_env import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_LAUNCH_PARAMS
 from ..options.configuration import TORCH_DYNAMO_MODES
+from ..options.enums import CUDA_DISTRIBUTED_TYPES, TORCH_DISTRIBUTED_OPERATION_TYPES
+from ..options.kwargs import PROFILE_PATTERN_NAME
 from ..strategies.fsdp.checkpoint import MODEL_DIR as FSDP_MODEL_NAME
-from ..strategies.fsdp.plugin import (FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGY,
-                                      FSDP_STATE_DICT_TYPE)
+from ..strategies.fsdp.plugin import (FSDP2_STATE_DICT_TYPE, FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFETCH,
+                                      FSDP_SHARDING_STRATEGY, FSDP_STATE_DICT_TYPE)
 
 __all__ = list(_names) + ["FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH",
                           "FSDP_STATE_DICT_TYPE", "FSDP_MODEL_NAME", "TORCH_DYNAMO_MODES", "STR_OPERATION_TO_FUNC",
                           "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "DEEPSPEED_MULTINODE_LAUNCHERS",
                           "SAGEMAKER_PYTORCH_VERSION", "SAGEMAKER_PYTHON_VERSION", "SAGEMAKER_TRANSFORMERS_VERSION",
-                          "SAGEMAKER_PARALLEL_EC2_INSTANCES",
+                          "SAGEMAKER_PARALLEL_EC2_INSTANCES", "FSDP2_STATE_DICT_TYPE", "TORCH_LAUNCH_PARAMS",
+                          "CUDA_DISTRIBUTED_TYPES", "TORCH_DISTRIBUTED_OPERATION_TYPES", "PROFILE_PATTERN_NAME",
                           *MINIMUM_VERSIONS]
