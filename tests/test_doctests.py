@@ -29,7 +29,8 @@ import hasten
 
 # `hasten/__main__.py` runs the command line when imported, `hasten.as_accelerate` turns the accelerate switch on;
 # neither has docstring examples to run here.
-NOT_IMPORTED = {"hasten.__main__", "hasten.as_accelerate"}  # as_accelerate switches the importing process
+# as_accelerate switches the importing process; the rich modules install a traceback handler, or refuse to import
+NOT_IMPORTED = {"hasten.__main__", "hasten.as_accelerate", "hasten.utils.rich", "hasten.core.rich_traceback"}
 STARTS_PROCESSES = re.compile(r"\b(notebook_launcher|debug_launcher)\(")
 # the trackers' examples need their (optional) package; without it the tracker raises hasten's ImportError
 NEEDS = {"hasten.tracking.mlflow": "mlflow", "hasten.tracking.tensorboard": "tensorboard", "hasten.tracking.wandb": "wandb"}

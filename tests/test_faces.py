@@ -76,6 +76,8 @@ def test_face_only_re_exports(face):
 
 @pytest.mark.parametrize("face", FACES)
 def test_face_names_are_defined_in_hastens_own_modules(face):
+    if face == "utils/rich.py":  # importing it installs rich tracebacks, or refuses without rich (as Accelerate's)
+        pytest.skip("utils/rich.py re-exports no names; its import is the feature")
     module = importlib.import_module(_module_name(face))
     faces = {_module_name(f) for f in FACES}
     defined_in_a_face = []

@@ -11,11 +11,18 @@ Example:
 
 from __future__ import annotations
 
+import os as _os
 from typing import TYPE_CHECKING
 
 from .core.lazy import lazy_exports
 
 __version__ = "1.15.0"
+
+if _os.environ.get("ACCELERATE_ENABLE_RICH", "").lower() in ("1", "true", "yes", "on"):  # as `import accelerate` does
+    from .core import availability as _availability
+
+    if _availability.is_rich_available():
+        from .core import rich_traceback  # noqa: F401  (installs rich's traceback handler)
 
 # public name -> module that defines it
 _EXPORTS = {

@@ -1,6 +1,7 @@
 """Accelerate's ``accelerate.data_loader`` path: names only; the code lives in `hasten.data`.
 
-`DataLoaderShard` is hasten's `PreparedDataLoader`, `BatchSamplerShard` its
+`DataLoaderShard` (and `DataLoaderAdapter`, the base Accelerate's loaders share) is hasten's
+`PreparedDataLoader`, `BatchSamplerShard` its
 `ShardedBatchSampler`, `DataLoaderDispatcher` its `DispatchedDataLoader`;
 `DataLoaderStateMixin` and `SkipDataLoader` are hasten's own of those names.
 
@@ -31,6 +32,7 @@ from .data.samplers import SeedableRandomSampler
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
     "DataLoaderDispatcher",
     "DataLoaderShard",
     "DataLoaderStateMixin",
@@ -44,5 +46,6 @@ __all__ = [
 ]
 
 DataLoaderShard = PreparedDataLoader
+DataLoaderAdapter = PreparedDataLoader
 DataLoaderDispatcher = DispatchedDataLoader
 BatchSamplerShard = ShardedBatchSampler

@@ -99,10 +99,15 @@ class DispatchedDataLoader(PreparedDataLoader):
         [[0, 1], [2, 3], [4, 5]]
     """
 
-    def __init__(self, *args: Any, num_processes: int | None = None, process_index: int | None = None,
+    def __init__(self, dataset: Any, *args: Any, num_processes: int | None = None, process_index: int | None = None,
                  batches_per_dispatch: int | None = None, slice_fn: Callable[..., Any] | None = None,
-                 split_batches: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+                 split_batches: bool = False, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 _drop_last: bool = False, _non_blocking: bool = False, torch_device_mesh: Any = None,
+                 iteration: int = 0, **kwargs: Any) -> None:
+        # Accelerate's DataLoaderDispatcher parameters are named here, as in its signature; the base loader keeps them
+        super().__init__(dataset, *args, skip_batches=skip_batches, use_stateful_dataloader=use_stateful_dataloader,
+                         _drop_last=_drop_last, _non_blocking=_non_blocking, torch_device_mesh=torch_device_mesh,
+                         iteration=iteration, **kwargs)
         if num_processes is None or process_index is None:  # built directly, as Accelerate's: the running processes
             from ..runtime.state import PartialState
 

@@ -176,7 +176,9 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
 
     def __init__(
         self,
+        dataset: Any,
         *args: Any,
+        batch_sampler: Any = None,
         device: torch.device | None = None,
         gradient_state: GradientState | None = None,
         skip_batches: int = 0,
@@ -197,7 +199,9 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     ) -> None:
         if self.use_stateful_dataloader and "in_order" in kwargs and not _takes_in_order():
             kwargs.pop("in_order")  # an older torchdata, as Accelerate does
-        super().__init__(*args, **kwargs)
+        if batch_sampler is not None:  # named, as in Accelerate's DataLoaderAdapter(dataset, ..., batch_sampler=None)
+            kwargs["batch_sampler"] = batch_sampler
+        super().__init__(dataset, *args, **kwargs)
         self.device = device
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.skip_batches = skip_batches  # a skip_first_batches view skips these on every pass
