@@ -231,3 +231,34 @@ def test_fsdp2_async_save_writes_the_files_of_a_synchronous_save_and_loads_the_s
         assert all(torch.equal(states["saved"][k], v) for k, v in states[name].items()), name
     for rank in (0, 1):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"is_str": True, "path": str(done)}
+
+
+def test_the_writer_runs_below_the_trainings_priority_and_says_so_when_no_core_is_left(tmp_path, monkeypatch, capsys):
+    # A save must never slow training down: its writer (and the hashing thread it starts) takes only the CPU that
+    # training leaves. Where torch's threads fill every core, hasten says once how the save will progress.
+    import os
+    import sys
+    import threading
+
+    from hasten.checkpointing import background
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread priorities are Linux's")
+    seen = {}
+
+    def work():
+        seen["writer"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        started = threading.Thread(target=lambda: seen.update(helper=os.getpriority(
+            os.PRIO_PROCESS, threading.get_native_id())))
+        started.start()
+        started.join()
+
+    monkeypatch.setattr(background, "_said", False)
+    monkeypatch.setattr(background, "cores_left_for_the_writer", lambda: 0)
+    handle = background.run_in_background(tmp_path / "ckpt", work)
+    handle.wait()
+    assert seen == {"writer": 19, "helper": 19}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the training thread keeps its own
+    assert capsys.readouterr().err.count("shares the CPUs with training") == 1
+    background.run_in_background(tmp_path / "ckpt2", lambda: None).wait()
+    assert "shares the CPUs" not in capsys.readouterr().err  # once

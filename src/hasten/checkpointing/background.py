@@ -106,6 +106,7 @@ def run_in_background(target: Path, work: Callable[[], None]) -> AsyncSave:
     handle._error = None
 
     def body() -> None:
+        _yield_to_training()
         try:
             work()
         except BaseException as failure:  # noqa: BLE001 - kept for wait(), raised on the training thread
@@ -116,6 +117,50 @@ def run_in_background(target: Path, work: Callable[[], None]) -> AsyncSave:
     _pending = handle
     handle._thread.start()
     return handle
+
+
+def cores_left_for_the_writer() -> int:
+    """The cores this machine's training leaves idle: usable cores minus torch's threads on every local process.
+
+    Example:
+        >>> isinstance(cores_left_for_the_writer(), int)
+        True
+    """
+    import os
+
+    import torch
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return usable - torch.get_num_threads() * local
+
+
+_said = False
+
+
+def _yield_to_training() -> None:
+    """(Writer thread.) Run below the training's priority, so a save never slows training down (Linux).
+
+    The writer (and the hashing thread it starts, which inherits this)
+    takes the CPU the training leaves: a free core, or the moments training
+    waits. Where training keeps every core busy, the save then progresses
+    mostly when the next save, `load_state` or the end of the run waits for
+    it, which is said once: never slower than a synchronous save, as the
+    work is the same.
+    """
+    global _said
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux: a thread id)
+    except (AttributeError, OSError):
+        return
+    if not _said and cores_left_for_the_writer() < 1 and os.environ.get("RANK", "0") == "0":
+        _said = True
+        print("hasten: save_state(async_save=True) shares the CPUs with training (every core is busy with torch's "
+              "threads), so it writes at low priority, when training leaves a core idle; it is finished at the "
+              "latest when the next save, load_state or the end of the run waits for it. Leave a core free "
+              "(torch.set_num_threads) to overlap it with training.", file=sys.stderr, flush=True)
 
 
 def exchange(number: int, rank: int, world: int, publisher: bool, report: Any,
