@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import subprocess
+from pathlib import Path
 import sys
 import time
 from typing import Any
@@ -82,6 +83,11 @@ def compare_imports(repeats: int) -> None:
         statements["from accelerate import Accelerator"] = "from accelerate import Accelerator"
     if importlib.util.find_spec("lightning") is not None:
         statements["from lightning.fabric import Fabric"] = "from lightning.fabric import Fabric"
+    # hasten's bytecode cached as a user's install has it (pip compiles it; an editable install writes it at the
+    # first import unless PYTHONDONTWRITEBYTECODE is set, as on this machine), like torch's in site-packages
+    import hasten
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(hasten.__file__).parent)], check=True)
     import_seconds("import torch")  # warm the page cache
     times = {name: [] for name in statements}
     for _ in range(repeats):

@@ -38,6 +38,19 @@ def launch(script: str | Path, *script_args: str, num_processes: int = 2, launch
     return result
 
 
+@pytest.fixture(autouse=True)
+def _fresh_gradient_state():
+    """Every test starts with a fresh GradientState, as Accelerate's test cases do (`AccelerateTestCase`).
+
+    The state is shared by every Accelerator of a process, as in Accelerate: a test that stops inside an
+    accumulation cycle (sync_gradients False) would otherwise make the next test's optimizer skip its steps.
+    """
+    yield
+    from hasten.runtime.gradient_state import GradientState
+
+    GradientState._reset_state()
+
+
 @pytest.fixture
 def no_fp8_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make torchao and Transformer Engine look absent in this process (the test extra installs torchao)."""

@@ -23,14 +23,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .checkpointing.project import ProjectConfiguration
-# names Accelerate's accelerator module has, which tests patch there (the check itself is big_modeling/quantized.py)
-from .core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
 from .facade.checkpoints import CheckpointPart
 from .facade.preparing import PreparePart, make_dynamo_plugin
 from .facade.processes import ProcessPart
 from .facade.runtime import RuntimePart
 from .facade.trackers import TrackerPart
-from .fp8.setup import RECIPE_TYPES, Fp8Setup
+from .fp8.setup import Fp8Setup, recipe_handlers
 from .runtime.gradient_state import GradientState
 from .process.launch_spec import LaunchSpec
 from .options import (
@@ -51,8 +49,6 @@ from .process.group import shutdown_process_group
 from .runtime.optimizer import AcceleratedOptimizer
 from .runtime.scheduler import SchedulerKwargs
 from .runtime.state import AcceleratorState
-from .checkpointing.files import save as _save
-from .strategies.parallel.tp_size import tp_plugin_parallelism
 from .strategies.select import select_strategy
 
 if TYPE_CHECKING:
@@ -62,6 +58,19 @@ if TYPE_CHECKING:
     from .strategies.parallel.tp_size import TorchTensorParallelPlugin
 
 __all__ = ["Accelerator"]
+
+# Names Accelerate's accelerator module has, which its tests patch there (the check itself is big_modeling/quantized.py):
+# looked up on first use, so `from hasten import Accelerator` does not load the availability probes.
+_PATCHABLE = ("is_bitsandbytes_multi_backend_available", "is_xpu_available")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PATCHABLE:
+        from .core import availability
+
+        value = globals()[name] = getattr(availability, name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _UNSUPPORTED = {
     "megatron_lm_plugin": "Megatron-LM, which needs NVIDIA GPUs and the megatron-core package",
@@ -130,8 +139,8 @@ class _Handlers:
     @classmethod
     def split(cls, handlers: list[Any] | None) -> "_Handlers":
         scheduler = next((h for h in handlers or [] if isinstance(h, SchedulerKwargs)), SchedulerKwargs())
-        recipes = [h for h in handlers or [] if type(h) in RECIPE_TYPES]
-        found = split_kwargs_handlers([h for h in handlers or [] if not isinstance(h, SchedulerKwargs) and type(h) not in RECIPE_TYPES])
+        recipes = recipe_handlers(list(handlers or []))
+        found = split_kwargs_handlers([h for h in handlers or [] if not isinstance(h, SchedulerKwargs) and h not in recipes])
         return cls(process_group=found.get(InitProcessGroupKwargs, InitProcessGroupKwargs()),
                    ddp=found.get(DistributedDataParallelKwargs, DistributedDataParallelKwargs()),
                    scaler=found.get(GradScalerKwargs, GradScalerKwargs()), scheduler=scheduler,
@@ -230,6 +239,8 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.profile_handler: ProfileKwargs | None = handlers.profile
         self.autocast_handler: AutocastKwargs | None = handlers.autocast
         if torch_tp_plugin is not None:  # Accelerate's deprecated plugin: only its tp_size is read
+            from .strategies.parallel.tp_size import tp_plugin_parallelism
+
             parallelism_config = tp_plugin_parallelism(torch_tp_plugin, parallelism_config)
         if parallelism_config is None and spec.parallelism is not None:  # `hasten launch --use_parallelism_config`
             from .strategies.parallel.mesh import ParallelismConfig
@@ -401,6 +412,8 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         `safe_serialization=True` writes safetensors (a dict of tensors only);
         the default pickles with `torch.save`, as Accelerate does.
         """
+        from .checkpointing.files import save as _save  # loaded at the first save
+
         _save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
               safe_serialization=safe_serialization)
 

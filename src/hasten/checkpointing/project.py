@@ -8,7 +8,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .commit import is_accelerate_checkpoint
 from .constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, MANIFEST_NAME
 
 __all__ = ["ProjectConfiguration", "checkpoints_root", "list_checkpoints", "latest_checkpoint", "rotate_checkpoints"]
@@ -84,6 +83,8 @@ def list_checkpoints(root: Path, complete_only: bool = True) -> list[tuple[int, 
     """
     if not root.is_dir():
         return []
+    from .commit import is_accelerate_checkpoint  # (the commit module is loaded when checkpoints are looked for)
+
     found = []
     for entry in root.iterdir():
         match = _NAME.match(entry.name)

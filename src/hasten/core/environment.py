@@ -18,7 +18,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar, cast
 
-from . import availability
 
 __all__ = ["CPUInformation", "are_libraries_initialized", "clear_environment", "convert_dict_to_env_variables",
            "get_cpu_distributed_information", "get_current_device_type", "get_int_from_env", "parse_choice_from_env",
@@ -242,6 +241,8 @@ def get_current_device_type() -> tuple[str, str]:
         >>> get_current_device_type()[0] in ("cuda", "xpu", "npu", "hpu", "mlu", "sdaa", "musa", "neuron")
         True
     """
+    from . import availability
+
     for probe, device_type, distributed_type in _DEVICE_KINDS:
         if getattr(availability, probe)():
             return device_type, distributed_type

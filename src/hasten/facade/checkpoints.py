@@ -19,9 +19,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
-from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
 
 if TYPE_CHECKING:
+    from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
     from ..checkpointing.project import ProjectConfiguration
     from ..data.loader import PreparedDataLoader
     from ..runtime.gradient_state import GradientState
@@ -112,12 +112,15 @@ class CheckpointPart:
         self._boundary_watch.install(self.gradient_state)
 
     def _process_facts(self) -> ProcessFacts:
+        from ..checkpointing.saveset import ProcessFacts  # the checkpoint layer's types: loaded at the first save
         state = self.state
         return ProcessFacts(rank=state.process_index, world=state.num_processes, is_main=state.is_main_process,
                             is_local_main=state.is_local_main_process)
 
     def _save_set(self) -> SaveSet:
         """Everything a checkpoint holds, as the plain value `hasten.checkpointing` is handed."""
+        from ..checkpointing.saveset import SaveSet
+
         return SaveSet(
             engine=self.strategy, process=self._process_facts(), project=self.project_configuration,
             counter=self.gradient_state, models=[self._wrappers.get(id(m), m) for m in self._models],

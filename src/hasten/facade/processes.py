@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ..runtime import collectives
+
+def _collectives() -> ModuleType:
+    """The collectives module, imported at the first collective: a script that never gathers does not load it."""
+    from ..runtime import collectives
+
+    return collectives
+
 
 if TYPE_CHECKING:
     from ..runtime.gradient_state import GradientState
@@ -124,7 +131,7 @@ class ProcessPart:
     # -- collectives ---------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors (in nested structures) from all processes along dim 0."""
-        return collectives.gather(tensor)
+        return _collectives().gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """`gather`, minus the samples repeated to complete the last global batch (Accelerate's rule).
@@ -145,14 +152,14 @@ class ProcessPart:
         repeats = config.tp_size * config.cp_size if config is not None else 1
         if repeats > 1:  # a tp/cp group read one batch: keep one copy (its first process's; the group is innermost)
             if use_gather_object:
-                parts = collectives.gather_object([input_data])[::repeats]
+                parts = _collectives().gather_object([input_data])[::repeats]
                 data = [item for part in parts for item in part] if isinstance(input_data, (list, tuple)) else parts
             else:
                 world = self.state.num_processes
-                data = collectives.recursively_apply(lambda t: t.unflatten(0, (world, -1))[::repeats].flatten(0, 1),
-                                                     collectives.gather(input_data))
+                data = _collectives().recursively_apply(lambda t: t.unflatten(0, (world, -1))[::repeats].flatten(0, 1),
+                                                     _collectives().gather(input_data))
         else:
-            data = collectives.gather_object(input_data) if use_gather_object else collectives.gather(input_data)
+            data = _collectives().gather_object(input_data) if use_gather_object else _collectives().gather(input_data)
         state = self.gradient_state
         if not state.end_of_dataloader:
             return data
@@ -162,29 +169,29 @@ class ProcessPart:
         try:
             if use_gather_object:
                 return data[:remainder]
-            return collectives.recursively_apply(lambda t: t[:remainder], data)
+            return _collectives().recursively_apply(lambda t: t[:remainder], data)
         except Exception:  # something that cannot be cut (as Accelerate, hand it back whole)
             return data
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Gather picklable objects from all processes into one list."""
-        return collectives.gather_object(obj)
+        return _collectives().gather_object(obj)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Sum or average tensors across processes."""
-        return collectives.reduce(tensor, reduction, scale)
+        return _collectives().reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
         """Pad tensors along `dim` to the largest size on any process."""
-        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+        return _collectives().pad_across_processes(tensor, dim, pad_index, pad_first)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         """Copy tensors from one process to all."""
-        return collectives.broadcast(tensor, from_process)
+        return _collectives().broadcast(tensor, from_process)
 
     def broadcast_object_list(self, objects: list[Any], from_process: int = 0) -> list[Any]:
         """Copy a list of picklable objects from one process to all (in place)."""
-        return collectives.broadcast_object_list(objects, from_process)
+        return _collectives().broadcast_object_list(objects, from_process)
 
     # -- process helpers (delegated to the state) ------------------------------------------
     def wait_for_everyone(self) -> None:

@@ -13,6 +13,13 @@ Example:
     True
 """
 
-from .recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from typing import TYPE_CHECKING
+
+from ..core.lazy import lazy_exports
 
 __all__ = ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs"]
+# imported on first use: an Accelerator without fp8 never loads the recipes
+__getattr__, __dir__ = lazy_exports(__name__, {name: "recipes" for name in __all__}, globals())
+
+if TYPE_CHECKING:
+    from .recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs

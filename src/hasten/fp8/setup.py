@@ -24,19 +24,32 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ..core.availability import is_msamp_available, is_torchao_available, is_transformer_engine_available
 from ..process.launch_spec import fp8_problem
 from ..options.enums import FP8BackendType
-from .recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
 
-__all__ = ["Fp8Setup", "RECIPE_TYPES"]
+if TYPE_CHECKING:  # the recipes (and the availability probes) are imported when fp8 is asked for (import cost)
+    from .recipes import AORecipeKwargs
 
-RECIPE_TYPES = (AORecipeKwargs, TERecipeKwargs, FP8RecipeKwargs)
+__all__ = ["Fp8Setup", "recipe_handlers"]
+
+
+def recipe_handlers(handlers: list[Any]) -> list[Any]:
+    """The fp8 recipe handlers among `handlers` (Accelerate's AO/TE/FP8 RecipeKwargs), in order.
+
+    Example:
+        >>> recipe_handlers([])
+        []
+    """
+    if not handlers:
+        return []
+    from .recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
+
+    return [h for h in handlers if type(h) in (AORecipeKwargs, TERecipeKwargs, FP8RecipeKwargs)]
 _FP8_CAPABILITY = (8, 9)  # Ada Lovelace; Hopper is 9.0
 
 
@@ -106,6 +119,10 @@ class Fp8Setup:
         if mixed_precision == "fp8" and (problem := fp8_problem()):
             raise ValueError(problem)
         setup = cls(enabled=mixed_precision == "fp8")
+        if not recipes and not setup.enabled:
+            return setup
+        from .recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
+
         for recipe in recipes:
             attr = {AORecipeKwargs: "ao_recipe_handler", TERecipeKwargs: "te_recipe_handler",
                     FP8RecipeKwargs: "fp8_recipe_handler"}[type(recipe)]
@@ -125,6 +142,9 @@ class Fp8Setup:
         return setup
 
     def _choose_default_backend(self) -> None:
+        from ..core.availability import is_msamp_available, is_torchao_available, is_transformer_engine_available
+        from .recipes import AORecipeKwargs, TERecipeKwargs
+
         # `hasten launch --fp8_backend` (or a config file's fp8_config) exports Accelerate's variable; it picks first
         chosen = os.environ.get("ACCELERATE_FP8_BACKEND", "NO").upper()
         if chosen == "AO":

@@ -28,7 +28,6 @@ from typing import Callable
 from types import TracebackType
 
 from .topology import ProcessTopology
-from . import watchdog
 
 __all__ = ["DEFAULT_TIMEOUT", "group_timeout", "init_process_group", "topology_from_group", "start_watchdog",
            "shutdown_process_group", "leave_process_group", "before_leaving"]
@@ -74,6 +73,8 @@ def shutdown_process_group(success: bool = True) -> None:
     Example:
         >>> shutdown_process_group()  # no-op when no group exists
     """
+    from . import watchdog  # (imported when used: `from hasten import Accelerator` stays light)
+
     global _owned_group
     import torch.distributed as dist
 
@@ -99,6 +100,8 @@ def leave_process_group(success: bool, what: str = "left the script") -> None:
     Example:
         >>> leave_process_group(success=True)  # no group: nothing to do
     """
+    from . import watchdog  # (imported when used: `from hasten import Accelerator` stays light)
+
     if "torch.distributed" not in sys.modules:
         return  # the user's code never touched torch.distributed
     if success:  # even if the script destroyed its group itself: a process waiting for this one is told
@@ -156,6 +159,8 @@ _watchdog_started = False
 
 def start_watchdog() -> None:
     """One deadlock watchdog per process (see `watchdog`), on the default group's store."""
+    from . import watchdog  # (imported when used: `from hasten import Accelerator` stays light)
+
     global _watchdog_started
     if _watchdog_started:
         return

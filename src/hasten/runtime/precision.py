@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..process.launch_spec import MIXED_PRECISION_CHOICES, cpu_fp16_enabled, fp8_problem
-from .collectives import recursively_apply
+from .nesting import recursively_apply
 
 __all__ = ["PrecisionPolicy", "make_precision_policy", "check_precision_supported", "convert_to_fp32",
            "ConvertOutputsToFp32", "convert_outputs_to_fp32"]

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from ..process.launch_spec import LaunchSpec, debug_requested, torch_device_from_env
-from ..process import watchdog
 from ..process.group import (
     DEFAULT_TIMEOUT,
     init_process_group,
@@ -149,6 +148,8 @@ class PartialState:
         (not one here and another in a gather), and says where each is if not.
         """
         if self.use_distributed:
+            from ..process import watchdog
+
             with watchdog.waiting("wait_for_everyone"):
                 if self.debug:
                     from .collectives import check_same_everywhere

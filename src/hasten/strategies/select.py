@@ -9,8 +9,6 @@ from torch import nn
 
 from ..runtime.precision import make_precision_policy
 from .base import AccumulationState, Strategy, notice_once
-from .ddp.strategy import DDPStrategy
-from .single import SingleDeviceStrategy
 
 if TYPE_CHECKING:
     from .deepspeed.plugin import DeepSpeedPlugin
@@ -77,8 +75,12 @@ def select_strategy(
                                    scaler_kwargs=scaler_kwargs, sync_each_batch=sync_each_batch)
     precision = make_precision_policy(mixed_precision, device, scaler_kwargs)
     if world_size > 1:
+        from .ddp.strategy import DDPStrategy  # each engine is imported when chosen
+
         strategy: Strategy = DDPStrategy(device, precision, ddp_kwargs=ddp_kwargs, comm_hook=ddp_comm_hook)
     else:
+        from .single import SingleDeviceStrategy
+
         strategy = SingleDeviceStrategy(device, precision)
     strategy.sync_each_batch = sync_each_batch
     return strategy
