@@ -24,7 +24,7 @@ if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
     echo "setup: using the installed torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
 else
     echo "setup: no torch found; installing the CPU build torch==2.13.0"
-    "$PYTHON" -m pip install --quiet "torch==2.13.0"
+    "$PYTHON" -m pip install --quiet "torch==2.13.0" numpy  # numpy too: torch warns at import without it
 fi
 # Hold the installed torch: nothing in the extras may replace it (a bare resolve could pull a CUDA build).
 constraints=$(mktemp)

@@ -25,15 +25,15 @@ def no_torchdata(monkeypatch):
     monkeypatch.setattr(stateful, "_said", False)
 
 
-def test_a_stateful_run_without_torchdata_warns_once_and_resumes_at_the_next_batch(no_torchdata, tmp_path):
+def test_a_stateful_run_without_torchdata_says_so_once_and_resumes_at_the_next_batch(no_torchdata, tmp_path, capsys):
     def prepared():
         accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
         torch.manual_seed(0)
         loader = DataLoader(list(range(20)), batch_size=2, shuffle=True)
         return accelerator, accelerator.prepare(loader)
 
-    with pytest.warns(UserWarning, match="not torchdata StatefulDataLoaders"):
-        accelerator, loader = prepared()
+    accelerator, loader = prepared()
+    assert capsys.readouterr().err.count("not torchdata StatefulDataLoaders") == 1
     assert not any(cls.__name__ == "StatefulDataLoader" for cls in type(loader).__mro__)
     seen = []
     for batch in loader:
@@ -43,6 +43,7 @@ def test_a_stateful_run_without_torchdata_warns_once_and_resumes_at_the_next_bat
         if len(seen) == 6:
             break
     accelerator, loader = prepared()
+    assert "StatefulDataLoaders" not in capsys.readouterr().err  # said once per process
     accelerator.load_state(str(tmp_path / "ckpt"))
     resumed = [batch.tolist() for batch in loader]
     # the rest of the interrupted pass: the two batches the first run saw after its checkpoint, then four more

@@ -61,11 +61,13 @@ def torchdata_available() -> bool:
         return True
     if not _said:
         _said = True
-        import warnings
+        import os
+        import sys
 
-        warnings.warn("use_stateful_dataloader=True without torchdata: hasten's checkpoints keep each loader's exact "
-                      "position themselves, but the loaders are not torchdata StatefulDataLoaders "
-                      "(pip install torchdata for those, as Accelerate needs).", stacklevel=4)
+        if os.environ.get("RANK", "0") == "0":  # one line for the run, from the main process
+            print("hasten: use_stateful_dataloader=True without torchdata: hasten's checkpoints keep each loader's "
+                  "exact position themselves, but the loaders are not torchdata StatefulDataLoaders (pip install "
+                  "torchdata for those, as Accelerate needs).", file=sys.stderr, flush=True)
     return False
 
 
