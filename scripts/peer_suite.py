@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import importlib.util
 import json
 import os
@@ -186,6 +187,21 @@ def print_report(report: Report, runs: list[FileRun], expected: dict[str, dict[s
         print(f"NOW PASSING (take it out of {EXPECTED.name}): {node}")
 
 
+def write_report(path: Path, content: dict) -> None:
+    """Write the runs as JSON, atomically: a reader waiting for the file never sees half of it."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(content))
+    os.replace(partial, path)
+
+
+def read_report(path: Path) -> list[FileRun] | str:
+    """The runs a `--report` file holds, or the sentence saying why there were none."""
+    content = json.loads(path.read_text())
+    if "absent" in content:
+        return str(content["absent"])
+    return [FileRun(**run) for run in content["runs"]]
+
+
 def prepare_rootdir(suite: Path, into: Path) -> Path:
     """A writable copy of the suite folder (tests write next to themselves; the shared folder is read-only)."""
     rootdir = into / "suite"
@@ -229,12 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lib", choices=["hasten", "accelerate"], default="hasten")
     parser.add_argument("--jobs", type=int, default=2, help="pytest processes at a time (default: 2)")
     parser.add_argument("--show-failures", action="store_true", help="print the output of files with failures")
+    parser.add_argument("--report", type=Path, help="also write every file's run as JSON here (tests/test_peer_suite.py "
+                                                    "reads it when scripts/test.sh ran the suite beside pytest)")
     args = parser.parse_args(argv)
     if not (args.suite / BASELINE_NAME).exists():
-        print(f"no Accelerate test suite at {args.suite} (it is not part of this repository); pass --suite")
+        message = f"no Accelerate test suite at {args.suite} (it is not part of this repository); pass --suite"
+        if args.report:
+            write_report(args.report, {"absent": message})
+        print(message)
         return 2
     files = args.files or test_files(args.suite)
     runs = run_suite(args.suite, files, args.lib, args.jobs)
+    if args.report:
+        write_report(args.report, {"suite": str(args.suite), "runs": [dataclasses.asdict(run) for run in runs]})
     expected = read_expected() if args.lib == "hasten" else {}
     report = compare(runs, read_baseline(args.suite), expected)
     if args.show_failures:

@@ -4,7 +4,7 @@ Real processes and real signals: a rank is frozen with SIGSTOP (its every thread
 a rank returns from its script while the other waits in a collective. The launcher must end the run within
 its liveness limit (a short one here: 5 s) naming the frozen rank, its pid and host and where the others
 waited, and leave no process behind (a stopped one ignores SIGTERM: it must get SIGKILL). A rank that left
-is named within seconds. A rank that sleeps or computes holding the GIL for three times the limit is not
+is named within seconds. A rank that sleeps or computes holding the GIL for twice the limit is not
 frozen (the heartbeat thread runs while the main thread sleeps; CPU time says it computes).
 """
 
@@ -136,8 +136,8 @@ def test_a_rank_that_ends_training_tells_a_rank_waiting_in_a_gather_at_once():
     assert "is stuck here" not in result.stderr  # told by the board, not found by the watchdog's deadlock verdict
 
 
-def test_a_rank_that_sleeps_or_holds_the_gil_three_times_the_limit_is_not_frozen():
-    result = launch(SCRIPT, "slow", "/tmp/unused", "slow", str(3 * LIMIT), launch_args=("--liveness_timeout", str(LIMIT)),
+def test_a_rank_that_sleeps_or_holds_the_gil_twice_the_limit_is_not_frozen():
+    result = launch(SCRIPT, "slow", "/tmp/unused", "slow", str(2 * LIMIT), launch_args=("--liveness_timeout", str(LIMIT)),
                     timeout=180)
     assert sorted(re.findall(r"DONE (\d)", result.stdout)) == ["0", "1"], result.stdout + result.stderr
     assert "stopped responding" not in result.stderr

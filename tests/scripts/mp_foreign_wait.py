@@ -4,7 +4,7 @@ usage: mp_foreign_wait.py MODE
   barrier     rank 0 in accelerator.gather, rank 1 in a plain dist.barrier()        (deadlock)
   all_reduce  rank 0 in accelerator.gather (3 values), rank 1 in dist.all_reduce of 5  (deadlock)
   ddp         rank 0 in accelerator.gather, rank 1 in DDP's backward (its all-reduce)  (deadlock)
-  compute     rank 1 computes for ~15 s while rank 0 waits in dist.barrier()          (slow, not a deadlock)
+  compute     rank 1 computes for ~8 s while rank 0 waits in dist.barrier()           (slow, not a deadlock)
 
 The lines where each rank waits end in a ``# WAIT:<mode>:<rank>`` marker the test looks up; before a deadlock
 each rank prints ``WAITING <rank> <time.time()>``, so the test can time the report from the moment both wait.
@@ -29,7 +29,7 @@ accelerator.wait_for_everyone()
 if mode == "compute":
     if rank == 1:
         started, x = time.monotonic(), torch.randn(256, 256)
-        while time.monotonic() - started < 15:
+        while time.monotonic() - started < 8:  # four times the watchdog's 2 s window for a verdict
             x = torch.tanh(x @ x / 256)
     dist.barrier()  # WAIT:compute:0
     print(f"DONE {rank}", flush=True)
