@@ -105,3 +105,37 @@ def test_automatic_naming_resumes_from_accelerates_newest_checkpoint(tmp_path):
     report = run("hasten", "continue", tmp_path, "--auto")[0]
     assert report["loaded"] == str(checkpoints / "checkpoint_3") and report["restored_steps"] == 5
     assert report["save_iteration"] == 4  # the next automatic save does not overwrite it
+
+
+CROSS = SCRIPTS / "fsdp_files_cross.py"
+
+
+def _cross(python: str, mode: str, library: str, out: Path) -> dict:
+    result = run_with_timeout([python, str(CROSS), mode, library, str(out)], 120)
+    assert result.returncode == 0, f"{library} {mode} failed:\n{result.stdout}\n{result.stderr}"
+    return json.loads(result.stdout.strip().splitlines()[-1]) if mode == "load" else {}
+
+
+def _saved_names(directory: Path) -> list[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return sorted(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
+
+
+@pytest.mark.parametrize("writer, reader", [("accelerate", "hasten"), ("hasten", "accelerate")])
+def test_a_sharded_fsdp_checkpoint_loads_in_the_other_library(tmp_path, writer, reader):
+    """Accelerate's DCP directories hold {"model": ...} / {"optimizer": ...}; hasten writes and reads the same."""
+    peer = peer_python()
+    _cross(peer if writer == "accelerate" else sys.executable, "save", writer, tmp_path / writer)
+    loaded = _cross(peer if reader == "accelerate" else sys.executable, "load", reader, tmp_path / writer)
+    assert loaded == {"weights": True, "moments": True, "steps": [1, 1, 1, 1]}
+    _cross(peer if writer != "accelerate" else sys.executable, "save", reader, tmp_path / reader)
+    for directory in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert _saved_names(tmp_path / writer / directory) == _saved_names(tmp_path / reader / directory)
+    assert _saved_names(tmp_path / writer / "pytorch_model_fsdp_0")[0] == "model.0.bias"
+
+
+def test_a_sharded_fsdp_checkpoint_of_the_older_layout_still_loads(tmp_path):
+    _cross(sys.executable, "save-unwrapped", "hasten", tmp_path)
+    assert _saved_names(tmp_path / "pytorch_model_fsdp_0")[0] == "0.bias"
+    assert _cross(sys.executable, "load", "hasten", tmp_path) == {"weights": True, "moments": True, "steps": [1, 1, 1, 1]}

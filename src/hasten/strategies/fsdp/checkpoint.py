@@ -31,6 +31,10 @@ __all__ = [
 
 MODEL_DIR = "pytorch_model_fsdp"
 OPTIMIZER_DIR = "optimizer"
+# Inside a DCP directory the state sits under one key, as Accelerate writes it ({"model": ...} / {"optimizer": ...}),
+# so that either library loads the other's sharded checkpoints.
+MODEL_KEY = "model"
+OPTIMIZER_KEY = "optimizer"
 
 
 def _options(**kwargs: Any) -> Any:
@@ -156,11 +160,11 @@ def save_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Modul
     written: dict[str, int] = {}
     for i, model in enumerate(models):
         target = root / f"{MODEL_DIR}_{i}"
-        dcp.save(get_model_state_dict(model), checkpoint_id=target)
+        dcp.save({MODEL_KEY: get_model_state_dict(model)}, checkpoint_id=target)
         written.update(_files_under(root, target))
     for i, (model, optimizer) in enumerate(pairs):
         target = root / f"{OPTIMIZER_DIR}_{i}"
-        dcp.save(optimizer_state(model, optimizer), checkpoint_id=target)
+        dcp.save({OPTIMIZER_KEY: optimizer_state(model, optimizer)}, checkpoint_id=target)
         written.update(_files_under(root, target))
     return written
 
@@ -199,8 +203,9 @@ def begin_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Modu
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    states = [(root / f"{MODEL_DIR}_{i}", get_model_state_dict(model)) for i, model in enumerate(models)]
-    states += [(root / f"{OPTIMIZER_DIR}_{i}", optimizer_state(model, optimizer)) for i, (model, optimizer) in enumerate(pairs)]
+    states = [(root / f"{MODEL_DIR}_{i}", {MODEL_KEY: get_model_state_dict(model)}) for i, model in enumerate(models)]
+    states += [(root / f"{OPTIMIZER_DIR}_{i}", {OPTIMIZER_KEY: optimizer_state(model, optimizer)})
+               for i, (model, optimizer) in enumerate(pairs)]
     distributed = dist.is_initialized()
     futures = [(target, dcp.async_save(state, checkpoint_id=target, no_dist=not distributed,
                                        process_group=_background_group(i) if distributed else None))
@@ -233,16 +238,33 @@ class ShardedContents:
     optimizers: list[tuple[nn.Module, Any, dict[str, Any]]] = field(default_factory=list)
 
 
-def _dcp_load(target: dict[str, Any], directory: Path) -> None:
-    """DCP's load, resharding into `target`'s layout (any number of processes, or whole tensors in one process)."""
+def _saved_under(directory: Path, key: str, target: dict[str, Any]) -> bool:
+    """Whether the DCP checkpoint in `directory` holds its state under `key` (Accelerate's and hasten's layout)
+    rather than at the top (hasten's layout before 1.15), judged from the saved names, not guessed from the version.
+
+    A model whose every name starts with ``model.`` saved the old way looks
+    wrapped by its names alone; its own names found as saved names say it is not.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    prefix = f"{key}."
+    return all(name.startswith(prefix) for name in saved) and not any(name in saved for name in target)
+
+
+def _dcp_load(target: dict[str, Any], directory: Path, key: str) -> dict[str, Any]:
+    """DCP's load, resharding into `target`'s layout (any number of processes, or whole tensors in one process);
+    returns the loaded state (`target`, whose tensors are read in place, with its other values replaced)."""
     import warnings
 
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
+    holder = {key: target} if _saved_under(directory, key, target) else target
     with warnings.catch_warnings():  # one process without a group: "assuming the intent is to load in a single process"
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load(target, checkpoint_id=directory, no_dist=not dist.is_initialized())
+        dcp.load(holder, checkpoint_id=directory, no_dist=not dist.is_initialized())
+    return cast(dict[str, Any], holder[key]) if holder is not target else target
 
 
 def read_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Module, Any]]) -> ShardedContents:
@@ -255,12 +277,10 @@ def read_sharded(root: Path, models: list[nn.Module], pairs: list[tuple[nn.Modul
 
     contents = ShardedContents()
     for i, model in enumerate(models):
-        target = _fresh_like(get_model_state_dict(model))
-        _dcp_load(target, root / f"{MODEL_DIR}_{i}")
+        target = _dcp_load(_fresh_like(get_model_state_dict(model)), root / f"{MODEL_DIR}_{i}", MODEL_KEY)
         contents.models.append((model, target))
     for i, (model, optimizer) in enumerate(pairs):
-        target = _fresh_like(optimizer_state(model, optimizer))
-        _dcp_load(target, root / f"{OPTIMIZER_DIR}_{i}")
+        target = _dcp_load(_fresh_like(optimizer_state(model, optimizer)), root / f"{OPTIMIZER_DIR}_{i}", OPTIMIZER_KEY)
         contents.optimizers.append((model, optimizer, target))
     return contents
 
@@ -305,6 +325,8 @@ def merge_fsdp_weights(checkpoint_dir: str | Path, output_path: str | Path, safe
                                 "pass a checkpoint saved with state_dict_type SHARDED_STATE_DICT, or its model directory.")
     state: dict[str, Any] = {}
     _load_state_dict(state, storage_reader=FileSystemReader(source), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    if set(state) == {MODEL_KEY} and isinstance(state[MODEL_KEY], dict):  # saved under "model" (Accelerate's layout)
+        state = state[MODEL_KEY]
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     target_dir = Path(output_path)
     target_dir.mkdir(parents=True, exist_ok=True)
@@ -388,7 +410,7 @@ def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
         torch.save(get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only)),
                    _per_rank(output_dir, MODEL_DIR, model_index, accelerator))
     else:
-        dcp.save(get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only)),
+        dcp.save({MODEL_KEY: get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only))},
                  checkpoint_id=output_dir / f"{MODEL_DIR}_{model_index}")
     accelerator.wait_for_everyone()
 
@@ -419,8 +441,8 @@ def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: Pr
         saved = torch.load(_per_rank(input_dir, MODEL_DIR, model_index, accelerator), weights_only=True)
         set_model_state_dict(model, saved, options=_options(strict=not trainable_only))
     else:
-        state = get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only))
-        dcp.load(state, checkpoint_id=input_dir / f"{MODEL_DIR}_{model_index}")
+        state = _dcp_load(get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only)),
+                          input_dir / f"{MODEL_DIR}_{model_index}", MODEL_KEY)
         set_model_state_dict(model, state, options=_options(strict=not trainable_only))
 
 
@@ -450,7 +472,8 @@ def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
     elif not use_dcp:
         torch.save(optimizer_state(model, inner), _per_rank(output_dir, OPTIMIZER_DIR, optimizer_index, accelerator))
     else:
-        dcp.save(optimizer_state(model, inner), checkpoint_id=output_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
+        dcp.save({OPTIMIZER_KEY: optimizer_state(model, inner)},
+                 checkpoint_id=output_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
     accelerator.wait_for_everyone()
 
 
@@ -481,6 +504,5 @@ def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
         saved = torch.load(_per_rank(input_dir, OPTIMIZER_DIR, optimizer_index, accelerator), weights_only=True)
         set_optimizer_state_dict(model, inner, saved)
     else:
-        state = optimizer_state(model, inner)
-        dcp.load(state, checkpoint_id=input_dir / f"{OPTIMIZER_DIR}_{optimizer_index}")
+        state = _dcp_load(optimizer_state(model, inner), input_dir / f"{OPTIMIZER_DIR}_{optimizer_index}", OPTIMIZER_KEY)
         set_optimizer_state_dict(model, inner, state)
