@@ -433,6 +433,22 @@ def test_numa_affinity(monkeypatch):
     assert os.sched_getaffinity(0) == before
 
 
+@pytest.mark.parametrize("flag, pinned", [("1", [0]), ("false", []), (None, [])])
+def test_partial_state_pins_its_cores_when_accelerate_cpu_affinity_is_set(monkeypatch, flag, pinned):
+    """Accelerate's PartialState reads ACCELERATE_CPU_AFFINITY (`launch --enable_cpu_affinity` exports it)."""
+    from hasten import PartialState
+    from hasten.process import affinity
+
+    calls: list[int] = []
+    monkeypatch.setattr(affinity, "set_numa_affinity", lambda index: calls.append(index))
+    if flag is None:
+        monkeypatch.delenv("ACCELERATE_CPU_AFFINITY", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_CPU_AFFINITY", flag)
+    PartialState(cpu=True)
+    assert calls == pinned
+
+
 # -- state, optimizer, launchers, the Accelerator ---------------------------------------------------------------------
 def test_state_names():
     from hasten.state import AcceleratorState, DistributedType, ThreadLocalSharedDict, do_nothing

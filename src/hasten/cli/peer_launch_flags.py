@@ -59,7 +59,7 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
         _value("--num_machines", kind=int, text="number of machines"),
         _value("--num_cpu_threads_per_process", kind=int,
                text="OMP_NUM_THREADS of each process (default: the environment's, else 1; on CPUs a core share)"),
-        _bool("--enable_cpu_affinity", text="ask for processes pinned to CPU cores (exported for the script)"),
+        _bool("--enable_cpu_affinity", text="pin each process to the CPU cores next to its GPU (nothing to pin on CPUs)"),
         _value("--dynamo_backend", choices=["no"] + [b.lower() for b in DYNAMO_BACKENDS],
                text="torch.compile backend for prepared models ('no': do not compile)"),
         _value("--dynamo_mode", default="default", choices=TORCH_DYNAMO_MODES, text="torch.compile mode"),

@@ -46,6 +46,7 @@ INIT_INCLUDE_BUFFERS_ENV = "HASTEN_INIT_INCLUDE_BUFFERS"  # a true flag: `init_e
 PEER_INIT_INCLUDE_BUFFERS_ENV = "ACCELERATE_INIT_INCLUDE_BUFFERS"  # the peer's name for it
 AS_ACCELERATE_ENV = "HASTEN_AS_ACCELERATE"  # "1": `import accelerate` gets hasten (`hasten.process.aliasing`; set by the switch)
 PEER_TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's override of the device a process computes on ("cuda:3")
+PEER_CPU_AFFINITY_ENV = "ACCELERATE_CPU_AFFINITY"  # a true flag: pin each process to the CPU cores next to its GPU
 # -- settings of hasten's commands (never read inside a launched process)
 CONFIG_FILE_ENV = "HASTEN_CONFIG_FILE"  # the config file of `hasten launch` / `hasten config`
 NO_ARROW_MENU_ENV = "HASTEN_NO_ARROW_MENU"  # any value but "" or "0": `hasten config` asks with numbered lists
@@ -88,6 +89,19 @@ def debug_requested(env: Mapping[str, str] | None = None) -> bool:
     spec = LaunchSpec.current() if env is None else LaunchSpec.from_env(env)
     env = os.environ if env is None else env
     return spec.debug or env.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def cpu_affinity_requested(env: Mapping[str, str] | None = None) -> bool:
+    """NUMA pinning asked for: the spec's `cpu_affinity` (``--enable_cpu_affinity``), else `PEER_CPU_AFFINITY_ENV`
+    set to a true value, as Accelerate's `PartialState` reads it.
+
+    Example:
+        >>> cpu_affinity_requested({PEER_CPU_AFFINITY_ENV: "1"}), cpu_affinity_requested({PEER_CPU_AFFINITY_ENV: "no"})
+        (True, False)
+    """
+    spec = LaunchSpec.current() if env is None else LaunchSpec.from_env(env)
+    env = os.environ if env is None else env
+    return spec.cpu_affinity or env.get(PEER_CPU_AFFINITY_ENV, "").lower() in ("1", "true", "yes", "y", "on", "t")
 
 
 def watchdog_enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -253,8 +267,8 @@ class LaunchSpec:
     dynamo: dict | None = None  # torch.compile settings (`dynamo_settings`), when the launch compiles
     parallelism: dict | None = None  # `parallelism_settings`: Accelerator() builds a ParallelismConfig from them
     fp8: dict | None = None  # `fp8_settings`: exported as ACCELERATE_FP8_*, which hasten.fp8's recipes read
-    # Accelerate's launcher exports these for code that reads them; hasten itself does not use them.
-    cpu_affinity: bool = False  # ACCELERATE_CPU_AFFINITY=1 (`--enable_cpu_affinity`)
+    cpu_affinity: bool = False  # `--enable_cpu_affinity`: PartialState pins each process (`cpu_affinity_requested`)
+    # Accelerate's launcher exports this for code that reads it; hasten itself does not use it.
     deepspeed_config_fields: str | None = None  # ACCELERATE_CONFIG_DS_FIELDS: DeepSpeed keys the config file gave
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
@@ -315,7 +329,7 @@ class LaunchSpec:
             if self.deepspeed_config_fields is not None:
                 out["ACCELERATE_CONFIG_DS_FIELDS"] = self.deepspeed_config_fields.lower()
         if self.cpu_affinity:
-            out["ACCELERATE_CPU_AFFINITY"] = "1"
+            out[PEER_CPU_AFFINITY_ENV] = "1"
         for name, ours in ((RESTART_COUNT_VAR, self.restart_count), (MAX_RESTARTS_VAR, self.max_restarts)):
             if name in env or ours:
                 agent = env.get(name, "0")

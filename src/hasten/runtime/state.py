@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from ..process.launch_spec import LaunchSpec, debug_requested, torch_device_from_env
+from ..process.launch_spec import LaunchSpec, cpu_affinity_requested, debug_requested, torch_device_from_env
 from ..process.group import (
     DEFAULT_TIMEOUT,
     init_process_group,
@@ -71,6 +71,10 @@ class PartialState:
         self.device = torch.device(named) if named else select_device(self.topology.local_rank, cpu=self.cpu)
         if named and self.device.type != "cpu":
             getattr(torch, self.device.type).set_device(self.device)
+        if cpu_affinity_requested():  # the cores next to this process's GPU, as Accelerate (nothing to pin on CPUs)
+            from ..process import affinity
+
+            affinity.set_numa_affinity(self.topology.local_rank)
         wanted = backend or backend_for_device(self.device.type)
         if self.backend is None:
             if self.debug:  # torch's own check that every rank runs the same collective, with shapes
