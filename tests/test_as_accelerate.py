@@ -166,3 +166,19 @@ def test_hasten_launch_as_accelerate_on_one_process(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     launch(script, str(tmp_path), num_processes=1, launch_args=("--as-accelerate",), timeout=90)
     assert json.loads((tmp_path / "rank0.json").read_text())["module"] == "hasten"
+
+
+@pytest.mark.multiprocess
+def test_python_m_accelerate_commands_launch_runs_hasten_under_the_switch(tmp_path: Path) -> None:
+    """`python -m accelerate.commands.launch` (how test suites start Accelerate) runs hasten's module as __main__."""
+    script = tmp_path / "uses_accelerate.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE, os.environ.get("PYTHONPATH", "")])}
+    env.pop("HASTEN_AS_ACCELERATE", None)
+    result = run_with_timeout([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                               str(script), str(tmp_path)], 120, env)
+    assert result.returncode == 0, result.stderr
+    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert sorted(ranks) == [0, 1] and all(seen["module"] == "hasten" and seen["total"] == 3.0 for seen in ranks.values())
+    usage = run_with_timeout([sys.executable, "-m", "accelerate.commands.accelerate_cli", "--help"], 60, env)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: accelerate <command> [<args>]"), usage.stderr

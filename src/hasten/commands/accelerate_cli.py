@@ -9,3 +9,7 @@ Example:
 from ..cli.peer_cli import main
 
 __all__ = ["main"]
+
+
+if __name__ == "__main__":  # python -m accelerate.commands.accelerate_cli, under the switch
+    main()

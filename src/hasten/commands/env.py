@@ -9,3 +9,7 @@ Example:
 from ..cli.env_command import env_command, env_command_parser, main
 
 __all__ = ["env_command", "env_command_parser", "main"]
+
+
+if __name__ == "__main__":  # python -m accelerate.commands.env, under the switch
+    raise SystemExit(main())

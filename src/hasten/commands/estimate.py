@@ -12,3 +12,7 @@ from ..cli.hub_estimate import (add_timm_hub_prefix, check_has_model, create_asc
 
 __all__ = ["add_timm_hub_prefix", "check_has_model", "create_ascii_table", "create_empty_model", "estimate_command",
            "estimate_command_parser", "estimate_training_usage", "gather_data", "main", "verify_on_hub"]
+
+
+if __name__ == "__main__":  # python -m accelerate.commands.estimate, under the switch
+    main()

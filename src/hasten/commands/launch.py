@@ -18,3 +18,7 @@ __all__ = ["CustomHelpFormatter", "_validate_launch_command", "clean_option", "d
            "launch_command_parser", "logger", "main", "multi_gpu_launcher", "prepare_deepspeed_cmd_env",
            "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env", "prepare_tpu", "sagemaker_launcher",
            "simple_launcher", "tpu_launcher", "tpu_pod_launcher"]
+
+
+if __name__ == "__main__":  # python -m accelerate.commands.launch, under the switch
+    main()

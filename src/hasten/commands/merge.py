@@ -9,3 +9,7 @@ Example:
 from ..cli.merge_weights import main, merge_command, merge_command_parser
 
 __all__ = ["main", "merge_command", "merge_command_parser"]
+
+
+if __name__ == "__main__":  # python -m accelerate.commands.merge, under the switch
+    main()

@@ -9,3 +9,7 @@ Example:
 from ..cli.test_command import main, test_command, test_command_parser
 
 __all__ = ["main", "test_command", "test_command_parser"]
+
+
+if __name__ == "__main__":  # python -m accelerate.commands.test, under the switch
+    main()

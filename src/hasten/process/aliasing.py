@@ -127,14 +127,23 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname != "accelerate" and not fullname.startswith("accelerate."):
             return None
         hasten_name = _target(fullname)
-        if importlib.util.find_spec(hasten_name) is None:
+        hasten_spec = importlib.util.find_spec(hasten_name)
+        if hasten_spec is None:
             error = ModuleNotFoundError(
                 f"{fullname} is not provided by hasten (the accelerate switch serves Accelerate "
                 f"{ACCELERATE_VERSION}'s modules from hasten, and this one has no counterpart); "
                 "import what you need from the module that has it, or run without the switch.")
             error.name = fullname
             raise error
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        # A package where hasten's is one: `python -m accelerate.commands.launch` then runs the module (`get_code`).
+        return importlib.machinery.ModuleSpec(fullname, self, origin=hasten_spec.origin,  # runpy's sys.argv[0]
+                                              is_package=hasten_spec.submodule_search_locations is not None)
+
+    def get_code(self, fullname: str) -> Any:
+        """The code of hasten's module, which runpy runs as ``__main__`` for ``python -m accelerate.X``."""
+        spec = importlib.util.find_spec(_target(fullname))
+        get_code = getattr(spec.loader, "get_code", None) if spec is not None else None
+        return get_code(_target(fullname)) if get_code is not None else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         module = importlib.import_module(_target(spec.name))

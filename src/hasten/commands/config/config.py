@@ -11,3 +11,7 @@ from ...launch.peer_config import cache_dir, default_config_file, default_yaml_c
 
 __all__ = ["cache_dir", "config_command", "config_command_parser", "default_config_file", "default_yaml_config_file",
            "get_user_input", "load_config_from_file", "main"]
+
+
+if __name__ == "__main__":  # python -m accelerate.commands.config.config, under the switch
+    main()
