@@ -113,17 +113,23 @@ def run_file(rootdir: Path, relpath: str, lib: str, timeout: float = FILE_TIMEOU
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "peer_outcomes",
                "--timeout", "300", *(["--collect-only"] if collect_only else []), *relpath.split()]
     start = time.monotonic()
-    process = subprocess.Popen(command, cwd=rootdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        output += f"\n[peer_suite] killed after {timeout:.0f} s"
-    finally:
-        with _suppress():
-            os.killpg(process.pid, signal.SIGKILL)  # anything the file left running
+    # Output into a file, not a pipe: a process a test started in a session of its own (torch's elastic agent
+    # starts ranks so) and left behind would hold a pipe open, and reading it to the end would never return.
+    with tempfile.TemporaryFile("w+") as sink:
+        process = subprocess.Popen(command, cwd=rootdir, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
+        try:
+            process.wait(timeout=timeout)
+            suffix = ""
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            suffix = f"\n[peer_suite] killed after {timeout:.0f} s"
+        finally:
+            with _suppress():
+                os.killpg(process.pid, signal.SIGKILL)  # anything the file left running in its group
+        sink.seek(0)
+        output = sink.read() + suffix
     run = FileRun(relpath, returncode=process.returncode, seconds=time.monotonic() - start, tail=output[-6000:])
     for line in record.read_text().splitlines():
         entry = json.loads(line)

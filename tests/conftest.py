@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,17 +63,67 @@ def no_fp8_backend(monkeypatch: pytest.MonkeyPatch) -> None:
                         ("torchao", "transformer_engine") else real(name, *args))
 
 
-def run_with_timeout(command: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `command` in its own session; on timeout kill the whole session (no orphaned ranks) and fail."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+RUN_MARK_ENV = "HASTEN_TEST_RUN_MARK"  # set in each started command's environment; every process it starts inherits it
+LEFTOVER_GRACE = 30.0  # seconds processes a finished command started may keep its output open before they are killed
+
+
+def _kill_marked(mark: str) -> list[str]:
+    """SIGKILL every process whose environment carries `mark` (those a command started, in any session); their names."""
+    needle = f"{RUN_MARK_ENV}={mark}".encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            name = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(f"{entry.name} {name[:120]}")
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return killed
+
+
+def run_with_timeout(command: list[str], timeout: float, env: dict[str, str] | None = None,
+                     leftovers_fail: bool = True, leftover_grace: float = LEFTOVER_GRACE) -> subprocess.CompletedProcess:
+    """Run `command` in its own session; on timeout kill everything it started (no orphaned ranks) and fail.
+
+    "Everything it started" is found by a mark in the environment, not by
+    process group: a launcher may start its ranks in sessions of their own
+    (torch's elastic agent does), and a rank left behind would keep the
+    output pipes open, so that waiting for them never ends. When the command
+    itself has exited but processes it started still hold its output after
+    `leftover_grace` seconds, they are killed, and the test fails saying so
+    unless `leftovers_fail` is False (a peer library's run, whose ranks may
+    hang in torch's exit, is not what the test measures).
+    """
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    run_env = {**(os.environ if env is None else env), RUN_MARK_ENV: mark}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env,
                                start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"timed out after {timeout}s: {' '.join(command)}\nstdout:\n{stdout}\nstderr:\n{stderr}")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    deadline, exited_at = time.monotonic() + timeout, None
+    while True:
+        try:
+            stdout, stderr = process.communicate(timeout=1.0)  # retrying loses no output (subprocess's promise)
+            return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if process.poll() is not None:
+                exited_at = exited_at or now
+                if now - exited_at > leftover_grace:
+                    killed = _kill_marked(mark)
+                    stdout, stderr = process.communicate()
+                    if leftovers_fail:
+                        pytest.fail(f"{' '.join(command)} exited {process.returncode} but left processes running, "
+                                    f"killed after {leftover_grace:.0f}s: {killed}\nstdout:\n{stdout}\nstderr:\n{stderr}")
+                    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+            if now > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                _kill_marked(mark)
+                stdout, stderr = process.communicate()
+                pytest.fail(f"timed out after {timeout}s: {' '.join(command)}\nstdout:\n{stdout}\nstderr:\n{stderr}")
 
 
 def launch_ranks(script: str | Path, out: Path, num_processes: int = 2) -> dict[int, dict]:
