@@ -46,7 +46,7 @@ def run(lib: str, script: str, nproc: int, out: Path) -> dict[int, list[dict]]:
     env.pop("HASTEN_AS_ACCELERATE", None)  # the peer runs the real accelerate; hasten's launcher sets it itself
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and not p.rstrip("/").endswith("_accelerate_site"))
-    result = run_with_timeout(command(lib, script, nproc, out), RUN_TIMEOUT, env)
+    result = run_with_timeout(command(lib, script, nproc, out), RUN_TIMEOUT, env, leftovers_fail=lib == "hasten")
     assert result.returncode == 0, f"{lib} {script} on {nproc} exited {result.returncode}:\n{result.stderr[-6000:]}"
     records = {int(path.stem.removeprefix("records_rank")): [json.loads(line) for line in path.read_text().splitlines()]
                for path in out.glob("records_rank*.jsonl")}
