@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -86,7 +87,8 @@ def _kill_marked(mark: str) -> list[str]:
 
 
 def run_with_timeout(command: list[str], timeout: float, env: dict[str, str] | None = None,
-                     leftovers_fail: bool = True, leftover_grace: float = LEFTOVER_GRACE) -> subprocess.CompletedProcess:
+                     leftovers_fail: bool = True, leftover_grace: float = LEFTOVER_GRACE,
+                     finished: Callable[[], bool] | None = None) -> subprocess.CompletedProcess:
     """Run `command` in its own session; on timeout kill everything it started (no orphaned ranks) and fail.
 
     "Everything it started" is found by a mark in the environment, not by
@@ -96,19 +98,32 @@ def run_with_timeout(command: list[str], timeout: float, env: dict[str, str] | N
     itself has exited but processes it started still hold its output after
     `leftover_grace` seconds, they are killed, and the test fails saying so
     unless `leftovers_fail` is False (a peer library's run, whose ranks may
-    hang in torch's exit, is not what the test measures).
+    hang in torch's exit, is not what the test measures). `finished`, when
+    given, says from the command's own output files that its work is done:
+    once it holds, the command has `leftover_grace` seconds to exit before
+    all it started is killed and what it printed is returned (its return
+    code then that of the kill).
     """
     mark = f"{os.getpid()}-{time.monotonic_ns()}"
     run_env = {**(os.environ if env is None else env), RUN_MARK_ENV: mark}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env,
                                start_new_session=True)
-    deadline, exited_at = time.monotonic() + timeout, None
+    deadline, exited_at, done_at = time.monotonic() + timeout, None, None
     while True:
         try:
             stdout, stderr = process.communicate(timeout=1.0)  # retrying loses no output (subprocess's promise)
             return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
         except subprocess.TimeoutExpired:
             now = time.monotonic()
+            if finished is not None and process.poll() is None and (done_at is not None or finished()):
+                done_at = done_at or now
+                if now - done_at > leftover_grace:  # the work is done; the exit hangs
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    _kill_marked(mark)
+                    stdout, stderr = process.communicate()
+                    note = f"\n[run_with_timeout] killed {leftover_grace:.0f}s after its work was done: its exit hung"
+                    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr + note)
             if process.poll() is not None:
                 exited_at = exited_at or now
                 if now - exited_at > leftover_grace:

@@ -57,3 +57,13 @@ def test_a_timeout_kills_processes_in_other_sessions_too():
     rank = int(str(failed.value).split("stdout:\n")[1].split()[0])
     time.sleep(0.5)
     assert not _alive(rank) and time.monotonic() - start < 30
+
+
+def test_a_command_whose_work_is_done_but_whose_exit_hangs_is_killed_after_the_grace(tmp_path):
+    """How a peer run that finished its records but hangs in torch's exit is ended (tests/parity/harness.py)."""
+    marker = tmp_path / "done"
+    script = f"import pathlib, time; pathlib.Path({str(marker)!r}).write_text('x'); print('worked', flush=True); time.sleep(600)"
+    start = time.monotonic()
+    result = run_with_timeout([sys.executable, "-c", script], 60, leftover_grace=2, finished=marker.exists)
+    assert result.stdout == "worked\n" and result.returncode == -9 and "its exit hung" in result.stderr
+    assert time.monotonic() - start < 30

@@ -115,6 +115,19 @@ def read_records(out: Path) -> list[dict[str, Any]]:
     return records
 
 
+def all_ranks_done(out: Path, nproc: int) -> bool:
+    """Whether every rank's records end with "done" (read while the run may still be writing them)."""
+    def ends_done(path: Path) -> bool:
+        lines = path.read_text().rstrip().splitlines()
+        try:
+            return bool(lines) and json.loads(lines[-1]).get("k") == "done"
+        except ValueError:  # a line still being written
+            return False
+
+    files = list(out.glob("records_rank*.jsonl")) if out.exists() else []
+    return len(files) == nproc and all(ends_done(path) for path in files)
+
+
 def _cache_key(script: Path, nproc: int, args: list[str], parent: str) -> str:
     import importlib.metadata as md  # versions read from metadata: this process never imports accelerate
 
@@ -160,8 +173,12 @@ def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str
     for name in ("ACCELERATE_MIXED_PRECISION", "HASTEN_CPU_FP16"):
         run_env.pop(name, None)
     try:
-        # Accelerate's ranks can hang in torch's exit (a gloo group never destroyed): killed, not counted against it
-        result = run_with_timeout(command(lib, script, nproc, args, switch), timeout, run_env, leftovers_fail=lib != PEER)
+        # Accelerate's ranks can hang in torch's exit (seen: ~ProcessGroupGloo when DDP's reducer is freed, on a loaded
+        # machine): once every rank wrote "done", such a run is killed after the grace and kept; hasten's never are.
+        peer = lib == PEER
+        done = (lambda: all_ranks_done(out, nproc)) if peer else None
+        result = run_with_timeout(command(lib, script, nproc, args, switch), timeout, run_env, leftovers_fail=not peer,
+                                  finished=done)
     except pytest.fail.Exception as timed_out:  # kept, so every test using this run reports it (once started)
         run.failure, run.key = str(timed_out)[-4000:], ""
         run.records = read_records(out) if out.exists() else []
