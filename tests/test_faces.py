@@ -1,6 +1,7 @@
 """Accelerate's import paths are faces: they only re-export names defined once in hasten's own modules.
 
-A face may hold a docstring, imports, `__all__` and plain aliases (`DataLoaderShard = PreparedDataLoader`);
+A face may hold a docstring, imports, `__all__`, plain aliases (`DataLoaderShard = PreparedDataLoader`) and,
+as Accelerate's command modules end, ``if __name__ == "__main__": main()`` (``python -m accelerate.commands.X``);
 a `def`, a `class`, any other statement, or an assignment that computes something is code that belongs in
 hasten's layers, and fails here with the face and the line.
 """
@@ -43,8 +44,16 @@ def _assigns_all(node: ast.AST) -> bool:
     return all(isinstance(t, ast.Name) and t.id == "__all__" for t in targets)
 
 
+def _is_main_guard(node: ast.AST) -> bool:
+    """``if __name__ == "__main__":`` whose only statement runs `main()` (``main()`` or ``raise SystemExit(main())``)."""
+    if not (isinstance(node, ast.If) and not node.orelse and len(node.body) == 1
+            and ast.unparse(node.test) == "__name__ == '__main__'"):
+        return False
+    return ast.unparse(node.body[0]) in ("main()", "raise SystemExit(main())")
+
+
 def logic_in(source: str) -> list[str]:
-    """The statements of a module that are more than a docstring, imports, `__all__` and plain aliases."""
+    """The statements of a module that are more than a docstring, imports, `__all__`, plain aliases and a main guard."""
     found = []
     for index, node in enumerate(ast.parse(source).body):
         if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -53,15 +62,16 @@ def logic_in(source: str) -> list[str]:
             continue
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _assigns_all(node):
             continue
-        if isinstance(node, ast.Assign) and _is_plain_alias(node):
+        if isinstance(node, ast.Assign) and _is_plain_alias(node) or _is_main_guard(node):
             continue
         found.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
     return found
 
 
 def test_the_check_sees_code():
-    face = '"""doc"""\nfrom .x import A, B\n__all__ = ["A", "C"]\nC = B\n'
+    face = '"""doc"""\nfrom .x import A, B, main\n__all__ = ["A", "C"]\nC = B\nif __name__ == "__main__":\n    main()\n'
     assert logic_in(face) == []
+    assert logic_in('if __name__ == "__main__":\n    main()\n    work()\n') == ["line 1: if __name__ == '__main__':"]
     code = ('"""doc"""\nimport os\ndef f():\n    pass\nclass K:\n    pass\nX = os.environ.get("X")\n'
             'if X:\n    pass\n_LAZY = {"a": "b"}\n')
     assert logic_in(code) == ["line 3: def f():", "line 5: class K:", "line 7: X = os.environ.get('X')",
