@@ -53,8 +53,8 @@ def test_every_expected_difference_says_why_and_where_it_is_documented():
                 f"{node}: no section '{section}' in {page}"
 
 
-def _runs_from_the_background_run(path: Path, limit: float = 1500) -> list[peer_suite.FileRun] | str:
-    """The runs of the suite that `scripts/test.sh` started beside pytest (it writes the report when done)."""
+def _runs_from_the_test_command(path: Path, limit: float = 1500) -> list[peer_suite.FileRun] | str:
+    """The runs of the suite that `scripts/test.sh` made before pytest (its report; waited for if still coming)."""
     deadline = time.monotonic() + limit
     while not path.exists():
         if time.monotonic() > deadline:
@@ -67,11 +67,11 @@ def _runs_from_the_background_run(path: Path, limit: float = 1500) -> list[peer_
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1800)
 def test_accelerates_own_suite_passes_under_the_switch(capsys):
-    # scripts/test.sh runs the suite beside pytest (one file at a time, in the CPU the project's tests leave idle)
-    # and names its report here; run on its own, this test runs the suite itself, two files at a time.
-    background = os.environ.get(REPORT_ENV)
-    if background:
-        runs = _runs_from_the_background_run(Path(background))
+    # scripts/test.sh runs the suite before pytest, on its own, and names its report here; run without it,
+    # this test runs the suite itself, two files at a time.
+    made = os.environ.get(REPORT_ENV)
+    if made:
+        runs = _runs_from_the_test_command(Path(made))
         if isinstance(runs, str):
             pytest.skip(runs)
     else:
@@ -92,3 +92,14 @@ def test_accelerates_own_suite_passes_under_the_switch(capsys):
         tails = "\n".join(f"--- {run.path} (exit {run.returncode}) ---\n{run.tail[-3000:]}"
                           for run in runs if run.path in outputs)
         pytest.fail("\n".join(problems) + "\n\n" + tails, pytrace=False)
+
+
+def test_a_failure_that_passes_alone_is_counted_and_named(tmp_path):
+    """A test of the suite that measures the whole machine can fail beside other work: it is run once more, alone."""
+    if not (SUITE / peer_suite.BASELINE_NAME).exists():
+        pytest.skip(f"Accelerate's test suite is not at {SUITE} (it is not part of this repository).")
+    nodes = {"tests/test_logging.py::test_log_stack"}
+    run = peer_suite.FileRun("tests/test_logging.py", outcomes={"tests/test_logging.py::test_log_stack": "failed"})
+    peer_suite._rerun_failures(peer_suite.prepare_rootdir(SUITE, tmp_path), run, "hasten", nodes, progress=False)
+    assert run.outcomes == {"tests/test_logging.py::test_log_stack": "passed"}
+    assert run.passed_on_rerun == ["tests/test_logging.py::test_log_stack"]
