@@ -43,7 +43,7 @@ _EXPORTS = {
     "skip_first_batches": "data",
     "notebook_launcher": "launch.notebook",
     "debug_launcher": "launch.notebook",
-    "AcceleratorState": "runtime.state",
+    "AcceleratorState": "runtime.accelerator_state",
     "FullyShardedDataParallelPlugin": "strategies.fsdp.plugin",
     "DeepSpeedPlugin": "strategies.deepspeed.plugin",
     "ParallelismConfig": "strategies.parallel.mesh",
@@ -89,7 +89,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
         ProfileKwargs,
     )
     from .checkpointing.project import ProjectConfiguration
-    from .runtime.state import AcceleratorState, PartialState
+    from .runtime.accelerator_state import AcceleratorState
+    from .runtime.state import PartialState
     from .runtime.seeding import set_seed
     from .runtime.throughput import ThroughputMeter
     from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin

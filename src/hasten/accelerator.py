@@ -48,7 +48,7 @@ from .options import (
 from .process.group import shutdown_process_group
 from .runtime.optimizer import AcceleratedOptimizer
 from .runtime.scheduler import SchedulerKwargs
-from .runtime.state import AcceleratorState
+from .runtime.accelerator_state import AcceleratorState
 from .strategies.select import select_strategy
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Accelerate's ``accelerate.state`` path: names only; the code lives in `hasten.runtime.state`.
+"""Accelerate's ``accelerate.state`` path: names only; the code lives in `hasten.runtime.state`
+(`PartialState`) and `hasten.runtime.accelerator_state` (`AcceleratorState`).
 
 `GradientState` is defined in `hasten.runtime.gradient_state`, `shutdown_process_group`
 in `hasten.process.group`, `do_nothing` and `ThreadLocalSharedDict` in `hasten.core.objects`;
@@ -17,7 +18,8 @@ from .core.objects import ThreadLocalSharedDict, do_nothing
 from .options import DistributedType
 from .runtime.gradient_state import GradientState
 from .process.group import shutdown_process_group
-from .runtime.state import AcceleratorState, PartialState, is_initialized
+from .runtime.accelerator_state import AcceleratorState, is_initialized
+from .runtime.state import PartialState
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "is_initialized", "shutdown_process_group",
            "DistributedType", "ThreadLocalSharedDict", "do_nothing"]

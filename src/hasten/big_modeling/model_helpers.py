@@ -385,7 +385,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     if not native_amp:
         return contextlib.nullcontext()
     from ..runtime.precision import make_precision_policy
-    from ..runtime.state import AcceleratorState
+    from ..runtime.accelerator_state import AcceleratorState
 
     state = AcceleratorState()
     options = autocast_kwargs.to_kwargs() if hasattr(autocast_kwargs, "to_kwargs") else dict(autocast_kwargs or {})

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..runtime.gradient_state import GradientState
     from ..runtime.optimizer import AcceleratedOptimizer
     from ..runtime.scheduler import AcceleratedScheduler
-    from ..runtime.state import AcceleratorState
+    from ..runtime.accelerator_state import AcceleratorState
     from ..strategies.base import Strategy
 
 __all__ = ["CheckpointPart"]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..data import PreparedDataLoader
     from ..fp8.setup import Fp8Setup
     from ..runtime.gradient_state import GradientState
-    from ..runtime.state import AcceleratorState
+    from ..runtime.accelerator_state import AcceleratorState
     from ..strategies.base import Strategy
 
 __all__ = ["PreparePart", "make_dynamo_plugin"]

@@ -23,7 +23,7 @@ def _collectives() -> ModuleType:
 
 if TYPE_CHECKING:
     from ..runtime.gradient_state import GradientState
-    from ..runtime.state import AcceleratorState
+    from ..runtime.accelerator_state import AcceleratorState
 
 __all__ = ["ProcessPart"]
 

@@ -17,7 +17,7 @@ from ..options.kwargs import PROFILE_PATTERN_NAME
 if TYPE_CHECKING:
     from ..data import PreparedDataLoader
     from ..runtime.precision import PrecisionPolicy
-    from ..runtime.state import AcceleratorState
+    from ..runtime.accelerator_state import AcceleratorState
     from ..strategies.base import Strategy
 
 __all__ = ["RuntimePart"]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..tracking import GeneralTracker
     from ..checkpointing.project import ProjectConfiguration
-    from ..runtime.state import AcceleratorState
+    from ..runtime.accelerator_state import AcceleratorState
 
 __all__ = ["TrackerPart"]
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ...options import DistributedType
-from ...runtime.state import AcceleratorState, is_initialized
+from ...runtime.accelerator_state import AcceleratorState, is_initialized
 
 __all__ = ["get_active_deepspeed_plugin", "deepspeed_required", "GatheredParameters", "map_pytorch_optim_to_deepspeed",
            "deepspeed_cpu_optimizer_for"]
