@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..launch.peer_config import ClusterConfig, default_json_config_file
+from ..launch.accelerate_config_file import ClusterConfig, default_json_config_file
 from ..options.enums import ComputeEnvironment, DistributedType
 
 __all__ = ["write_basic_config"]

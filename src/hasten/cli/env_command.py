@@ -120,7 +120,7 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
     import shutil
 
     from .. import __version__
-    from ..launch.peer_config import default_config_file, load_config_from_file
+    from ..launch.accelerate_config_file import default_config_file, load_config_from_file
 
     info: dict[str, Any] = {"`Accelerate` version": __version__, "Platform": platform.platform(),
                             "`accelerate` bash location": shutil.which("accelerate") or "Not found",

@@ -18,7 +18,7 @@ import argparse
 import importlib
 from typing import Any
 
-from .peer_parsing import CustomArgumentParser
+from .recording_parser import CustomArgumentParser
 
 __all__ = ["verify_on_hub", "check_has_model", "add_timm_hub_prefix", "create_empty_model", "create_ascii_table",
            "estimate_command_parser", "estimate_training_usage", "gather_data", "estimate_command", "main"]

@@ -47,7 +47,7 @@ def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         >>> merge_command_parser().parse_args(["ckpt", "out"]).unsafe_serialization
         False
     """
-    from .peer_parsing import CustomArgumentParser
+    from .recording_parser import CustomArgumentParser
 
     description = ("Merge the weights of a sharded FSDP checkpoint (SHARDED_STATE_DICT) into one file in "
                    "`output_path`; the whole model is loaded into CPU memory to do it.")

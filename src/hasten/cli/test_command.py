@@ -52,7 +52,7 @@ def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 def test_command(args: argparse.Namespace) -> None:
     """Launch hasten's self-test as `accelerate launch` would (the config file's processes); say so when it passes."""
-    from .peer_launch import launch_command, launch_command_parser
+    from .launchers import launch_command, launch_command_parser
 
     argv = [] if args.config_file is None else [f"--config_file={args.config_file}"]
     launch_command(launch_command_parser().parse_args([*argv, "-m", "hasten.cli.selftest"]))

@@ -19,7 +19,7 @@ import os
 import subprocess
 from typing import Any
 
-from ..launch.peer_config import default_config_file, load_config_from_file
+from ..launch.accelerate_config_file import default_config_file, load_config_from_file
 
 __all__ = ["tpu_command_parser", "tpu_command_launcher", "main"]
 

@@ -1,12 +1,12 @@
-"""Accelerate's ``accelerate.commands.accelerate_cli`` path: the `accelerate` command; the code is `hasten.cli.peer_cli`.
+"""Accelerate's ``accelerate.commands.accelerate_cli`` path: the `accelerate` command; the code is `hasten.cli.accelerate_command`.
 
 Example:
     >>> from hasten.commands.accelerate_cli import main
     >>> main.__module__
-    'hasten.cli.peer_cli'
+    'hasten.cli.accelerate_command'
 """
 
-from ..cli.peer_cli import main
+from ..cli.accelerate_command import main
 
 __all__ = ["main"]
 

@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.commands.launch`` path: `accelerate launch`; the code is `hasten.cli.peer_launch`.
+"""Accelerate's ``accelerate.commands.launch`` path: `accelerate launch`; the code is `hasten.cli.launchers`.
 
 Example:
     >>> from hasten.commands.launch import launch_command_parser
@@ -6,12 +6,12 @@ Example:
     2
 """
 
-from ..cli.peer_launch import (_validate_launch_command, deepspeed_launcher, launch_command, launch_command_parser,
+from ..cli.launchers import (_validate_launch_command, deepspeed_launcher, launch_command, launch_command_parser,
                                logger, main, multi_gpu_launcher, sagemaker_launcher, simple_launcher, tpu_launcher,
                                tpu_pod_launcher)
-from ..cli.peer_launch_flags import clean_option
-from ..cli.peer_parsing import CustomHelpFormatter
-from ..launch.peer_env import (prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env,
+from ..cli.launch_flags import clean_option
+from ..cli.recording_parser import CustomHelpFormatter
+from ..launch.launcher_env import (prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env,
                                prepare_tpu)
 
 __all__ = ["CustomHelpFormatter", "_validate_launch_command", "clean_option", "deepspeed_launcher", "launch_command",

@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.commands.utils`` path: the commands' argument parser; the code is `hasten.cli.peer_parsing`.
+"""Accelerate's ``accelerate.commands.utils`` path: the commands' argument parser; the code is `hasten.cli.recording_parser`.
 
 Example:
     >>> from hasten.commands.utils import CustomArgumentParser
@@ -8,7 +8,7 @@ Example:
     2
 """
 
-from ..cli.peer_parsing import (CustomArgumentGroup, CustomArgumentParser, _StoreAction, _StoreConstAction,
+from ..cli.recording_parser import (CustomArgumentGroup, CustomArgumentParser, _StoreAction, _StoreConstAction,
                                 _StoreTrueAction)
 
 __all__ = ["CustomArgumentGroup", "CustomArgumentParser", "_StoreAction", "_StoreConstAction", "_StoreTrueAction"]

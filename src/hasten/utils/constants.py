@@ -15,9 +15,9 @@ from ..core.availability import (BETA_CP_AVAILABLE_PYTORCH_VERSION, BETA_SP_AVAI
 from ..big_modeling.casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the point
 from ..checkpointing.constants import __all__ as _names
-from ..launch.peer_config import (SAGEMAKER_PARALLEL_EC2_INSTANCES, SAGEMAKER_PYTHON_VERSION, SAGEMAKER_PYTORCH_VERSION,
+from ..launch.accelerate_config_file import (SAGEMAKER_PARALLEL_EC2_INSTANCES, SAGEMAKER_PYTHON_VERSION, SAGEMAKER_PYTORCH_VERSION,
                                   SAGEMAKER_TRANSFORMERS_VERSION)
-from ..launch.peer_env import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_LAUNCH_PARAMS
+from ..launch.launcher_env import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_LAUNCH_PARAMS
 from ..options.configuration import TORCH_DYNAMO_MODES
 from ..options.enums import CUDA_DISTRIBUTED_TYPES, TORCH_DISTRIBUTED_OPERATION_TYPES
 from ..options.kwargs import PROFILE_PATTERN_NAME

@@ -13,7 +13,7 @@ Example:
 
 from ..runtime.modules import get_module_children_bottom_up, get_module_class_from_name
 from ..strategies.fsdp.checkpoint import merge_fsdp_weights
-from ..strategies.fsdp.peer_files import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+from ..strategies.fsdp.checkpoint_functions import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 from ..strategies.fsdp.helpers import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,

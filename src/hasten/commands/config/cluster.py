@@ -3,9 +3,9 @@
 Example:
     >>> from hasten.commands.config.cluster import get_cluster_input
     >>> get_cluster_input.__module__
-    'hasten.cli.peer_config_command'
+    'hasten.cli.accelerate_config_command'
 """
 
-from ...cli.peer_config_command import get_cluster_input
+from ...cli.accelerate_config_command import get_cluster_input
 
 __all__ = ["get_cluster_input"]

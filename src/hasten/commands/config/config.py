@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.commands.config.config`` path: the questionnaire; the code is `hasten.cli.peer_config_command`.
+"""Accelerate's ``accelerate.commands.config.config`` path: the questionnaire; the code is `hasten.cli.accelerate_config_command`.
 
 Example:
     >>> from hasten.commands.config.config import config_command_parser
@@ -6,8 +6,8 @@ Example:
     True
 """
 
-from ...cli.peer_config_command import config_command, config_command_parser, get_user_input, main
-from ...launch.peer_config import cache_dir, default_config_file, default_yaml_config_file, load_config_from_file
+from ...cli.accelerate_config_command import config_command, config_command_parser, get_user_input, main
+from ...launch.accelerate_config_file import cache_dir, default_config_file, default_yaml_config_file, load_config_from_file
 
 __all__ = ["cache_dir", "config_command", "config_command_parser", "default_config_file", "default_yaml_config_file",
            "get_user_input", "load_config_from_file", "main"]

@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.commands.config.config_args`` path: its config objects; the code is `hasten.launch.peer_config`.
+"""Accelerate's ``accelerate.commands.config.config_args`` path: its config objects; the code is `hasten.launch.accelerate_config_file`.
 
 Example:
     >>> from hasten.commands.config.config_args import ClusterConfig
@@ -6,7 +6,7 @@ Example:
     -1
 """
 
-from ...launch.peer_config import (BaseConfig, ClusterConfig, SageMakerConfig, cache_dir, default_config_file,
+from ...launch.accelerate_config_file import (BaseConfig, ClusterConfig, SageMakerConfig, cache_dir, default_config_file,
                                    default_json_config_file, default_yaml_config_file, hf_cache_home,
                                    load_config_from_file)
 

@@ -6,7 +6,7 @@ Example:
     True
 """
 
-from ...cli.peer_config_command import SubcommandHelpFormatter
-from ...cli.peer_launch_flags import DYNAMO_BACKENDS
+from ...cli.accelerate_config_command import SubcommandHelpFormatter
+from ...cli.launch_flags import DYNAMO_BACKENDS
 
 __all__ = ["DYNAMO_BACKENDS", "SubcommandHelpFormatter"]

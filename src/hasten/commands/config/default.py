@@ -7,8 +7,8 @@ Example:
 """
 
 from ...cli.basic_config import write_basic_config
-from ...cli.peer_config_command import SubcommandHelpFormatter, default_command_parser, default_config_command
-from ...launch.peer_config import ClusterConfig, default_json_config_file
+from ...cli.accelerate_config_command import SubcommandHelpFormatter, default_command_parser, default_config_command
+from ...launch.accelerate_config_file import ClusterConfig, default_json_config_file
 
 __all__ = ["ClusterConfig", "SubcommandHelpFormatter", "default_command_parser", "default_config_command",
            "default_json_config_file", "write_basic_config"]

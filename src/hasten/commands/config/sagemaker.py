@@ -3,9 +3,9 @@
 Example:
     >>> from hasten.commands.config.sagemaker import get_sagemaker_input
     >>> get_sagemaker_input.__module__
-    'hasten.cli.peer_config_command'
+    'hasten.cli.accelerate_config_command'
 """
 
-from ...cli.peer_config_command import get_sagemaker_input
+from ...cli.accelerate_config_command import get_sagemaker_input
 
 __all__ = ["get_sagemaker_input"]

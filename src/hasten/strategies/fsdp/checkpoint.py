@@ -8,7 +8,7 @@ each process writing its own ``__<rank>_0.distcp`` and the main process the
 
 `save_state` / `load_state` save and load FSDP models and optimizers with
 these; the peer's `save_fsdp_model` and friends, for scripts that call them
-directly, are in `peer_files.py`.
+directly, are in `checkpoint_functions.py`.
 """
 
 from __future__ import annotations

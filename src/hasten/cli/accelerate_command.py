@@ -7,7 +7,7 @@ Accelerate's flags and meaning, run by hasten. The `hasten` command
 (`cli/main.py`) is hasten's own.
 
 Example:
-    >>> build_peer_parser().parse_args(["env"]).func.__name__
+    >>> build_accelerate_parser().parse_args(["env"]).func.__name__
     'env_command'
 """
 
@@ -18,17 +18,17 @@ import argparse
 from .env_command import env_command_parser
 from .hub_estimate import estimate_command_parser
 from .merge_weights import merge_command_parser
-from .peer_config_command import get_config_parser
-from .peer_launch import launch_command_parser
-from .peer_parsing import CustomArgumentParser
+from .accelerate_config_command import get_config_parser
+from .launchers import launch_command_parser
+from .recording_parser import CustomArgumentParser
 from .test_command import test_command_parser
 from .to_fsdp2 import to_fsdp2_command_parser
 from .tpu_config import tpu_command_parser
 
-__all__ = ["build_peer_parser", "main"]
+__all__ = ["build_accelerate_parser", "main"]
 
 
-def build_peer_parser() -> argparse.ArgumentParser:
+def build_accelerate_parser() -> argparse.ArgumentParser:
     """The `accelerate` parser with every sub-command (each sets `func`, the function that runs it)."""
     parser = CustomArgumentParser("Accelerate CLI tool", usage="accelerate <command> [<args>]", allow_abbrev=False)
     subparsers = parser.add_subparsers(help="accelerate command helpers")
@@ -45,7 +45,7 @@ def main() -> None:
         >>> main  # doctest: +ELLIPSIS
         <function main at ...>
     """
-    parser = build_peer_parser()
+    parser = build_accelerate_parser()
     args = parser.parse_args()
     if not hasattr(args, "func"):
         parser.print_help()

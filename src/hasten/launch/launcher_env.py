@@ -1,7 +1,7 @@
 """Accelerate's launch helpers (``accelerate.utils.launch``): a parsed `accelerate launch` command -> command + environment.
 
 Each `prepare_*` function takes the namespace of Accelerate's launch parser
-(`hasten.cli.peer_launch.launch_command_parser`, after
+(`hasten.cli.launchers.launch_command_parser`, after
 `_validate_launch_command`) and returns what Accelerate's returns for it:
 the command to run, where that launcher builds one, and the environment —
 the caller's, plus the `ACCELERATE_*` / `FSDP_*` / `PARALLELISM_CONFIG_*`

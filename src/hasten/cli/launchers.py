@@ -8,7 +8,7 @@ gives gets Accelerate's defaults (with the same warning) — and
 (several GPUs, FSDP) or the simple one (one process, or mpirun). Each then
 starts the processes through hasten's launch path (`launch.plan` ->
 `launch.run`: rank-labelled failures, no process left behind), with the
-launch spec and Accelerate's variables `launch.peer_env` derives. A failed
+launch spec and Accelerate's variables `launch.launcher_env` derives. A failed
 run raises `subprocess.CalledProcessError` (with `--quiet`: exits 1), as the
 simple launcher of Accelerate does. TPU, SageMaker and Megatron-LM runs are
 refused in one sentence: hasten has none of them.
@@ -31,13 +31,13 @@ import sys
 from typing import Any
 
 from ..core.environment import get_int_from_env
-from ..launch.peer_config import ClusterConfig, SageMakerConfig, default_config_file, load_config_from_file
-from ..launch.peer_env import launcher_env, prepare_deepspeed_cmd_env, spec_from_args
+from ..launch.accelerate_config_file import ClusterConfig, SageMakerConfig, default_config_file, load_config_from_file
+from ..launch.launcher_env import launcher_env, prepare_deepspeed_cmd_env, spec_from_args
 from ..options.enums import ComputeEnvironment, DistributedType
 from ..process.aliasing import SITE_DIRECTORY
 from ..process.launch_spec import AS_ACCELERATE_ENV
-from .peer_launch_flags import DESCRIPTION, add_launch_arguments
-from .peer_parsing import CustomArgumentParser, CustomHelpFormatter
+from .launch_flags import DESCRIPTION, add_launch_arguments
+from .recording_parser import CustomArgumentParser, CustomHelpFormatter
 
 __all__ = ["launch_command_parser", "_validate_launch_command", "launch_command", "simple_launcher",
            "multi_gpu_launcher", "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher", "main"]
@@ -308,7 +308,7 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
                 sys.exit(1)
             raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
         return
-    from ..launch.peer_env import env_var_path_add
+    from ..launch.launcher_env import env_var_path_add
 
     _run(args, spec=spec_from_args(args, "deepspeed"), **_torchrun_settings(args),
          extra_env={"PYTHONPATH": env_var_path_add("PYTHONPATH", os.path.abspath("."))})

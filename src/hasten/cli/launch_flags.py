@@ -1,7 +1,7 @@
 """The flags of Accelerate's `accelerate launch` (``accelerate.commands.launch.launch_command_parser``).
 
 Accelerate's names, destinations, defaults and types, so a namespace parsed
-here means what Accelerate's means (`cli/peer_launch.py` runs it). `hasten
+here means what Accelerate's means (`cli/launchers.py` runs it). `hasten
 launch` has its own parser, generated from hasten's config schema
 (`cli/launch.py`); this one is for code and commands written for
 Accelerate.
@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.environment import str_to_bool
 from ..options.configuration import TORCH_DYNAMO_MODES
-from .peer_parsing import CustomArgumentParser
+from .recording_parser import CustomArgumentParser
 
 __all__ = ["add_launch_arguments", "DESCRIPTION", "DYNAMO_BACKENDS", "clean_option"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..launch.config import LaunchConfig, to_dict
-from ..launch.peer_config import (ClusterConfig, SageMakerConfig, cache_dir, default_config_file,
+from ..launch.accelerate_config_file import (ClusterConfig, SageMakerConfig, cache_dir, default_config_file,
                                   default_json_config_file, default_yaml_config_file, load_config_from_file)
 from .basic_config import write_basic_config
 
