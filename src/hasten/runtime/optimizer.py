@@ -75,7 +75,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if strategy is None:  # built by hand, as Accelerate's: the state follows the run's device, `scaler` steps it
             strategy = _PlainSteps(scaler)
             if device_placement:
-                from .state import AcceleratorState
+                from .accelerator_state import AcceleratorState
 
                 optimizer.load_state_dict(move_to_device(optimizer.state_dict(), AcceleratorState().device))
         elif scaler is not None:
