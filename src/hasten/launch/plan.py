@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 from .config import DEFAULT_LIVENESS_TIMEOUT, ConfigError, check_layout
 from ..core.errors import LaunchError
 from ..process.launch_spec import AS_ACCELERATE_ENV, HEARTBEAT_DIR_ENV, LaunchSpec
+from .elastic import elastic_spec, elastic_torchrun_argv
 from .network import interface_for_address, is_loopback
 
 __all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "available_cpus"]
@@ -71,7 +72,8 @@ class LaunchPlan:
     target_args: tuple[str, ...] = ()
     module: bool = False
     num_processes: int = 1
-    num_machines: int = 1
+    num_machines: int = 1  # with `min_machines`: the most machines of an elastic run (num_processes is at that size)
+    min_machines: int | None = None  # `--num_machines MIN:MAX`: an elastic run (None: a fixed group of num_machines)
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_port: int | None = None
@@ -108,9 +110,14 @@ class LaunchPlan:
         """'mpirun', 'torchrun' (several processes or machines) or 'single' (run in this process)."""
         if self.mpirun:
             return "mpirun"
-        if self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0:
+        if self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0 or self.elastic:
             return "torchrun"
         return "single"
+
+    @property
+    def elastic(self) -> bool:
+        """True for `--num_machines MIN:MAX`: torch's agents re-form the group with any number of machines in range."""
+        return self.min_machines is not None
 
     @property
     def restarts_by_launcher(self) -> int:
@@ -120,7 +127,7 @@ class LaunchPlan:
         coordinate through the rendezvous), with no progress check; so do
         they for `notebook_launcher`, as in the peer.
         """
-        return self.max_restarts if self.num_machines == 1 and self.function is None else 0
+        return self.max_restarts if self.num_machines == 1 and self.function is None and not self.elastic else 0
 
     @property
     def multi_process(self) -> bool:
@@ -146,11 +153,13 @@ class LaunchPlan:
             raise LaunchError(f"the mpirun hostfile {self.mpirun_hostfile!r} does not exist.")
         if self.gpu_ids != "all" and not all(part.strip().isdigit() for part in self.gpu_ids.split(",")):
             raise LaunchError(f"--gpu_ids {self.gpu_ids!r} must be 'all' or GPU numbers like 0,1.")
+        if self.elastic and self.spec.elastic is None:
+            return replace(self, spec=replace(self.spec, elastic=elastic_spec(self))).validate(check_port)
         port = self.main_process_port
         if not self.multi_process:
             return self
         if port is None:
-            if self.num_machines > 1:  # every machine must agree on it: no random choice
+            if self.num_machines > 1 or self.elastic:  # every machine must agree on it: no random choice
                 return replace(self, main_process_port=DEFAULT_MULTI_NODE_PORT).validate(check_port)
             return replace(self, main_process_port=find_free_port(self.master_addr))
         if check_port and self.machine_rank == 0 and port_in_use(port, self.master_addr):
@@ -163,6 +172,8 @@ class LaunchPlan:
     # -- commands -----------------------------------------------------------------------
     def torchrun_argv(self) -> list[str]:
         """Arguments for torch.distributed.run (torchrun)."""
+        if self.elastic:
+            return elastic_torchrun_argv(self) + ["-m", WORKER_MODULE, *self.worker_argv()]
         argv = [f"--nnodes={self.num_machines}", f"--nproc-per-node={self.processes_per_machine}"]
         if self.rdzv_backend == "c10d":
             argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.master_addr}:{self.main_process_port}",

@@ -22,6 +22,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from .elastic import ElasticSizes
+
 __all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
            "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
            "INIT_INCLUDE_BUFFERS_ENV", "PEER_INIT_INCLUDE_BUFFERS_ENV", "CONFIG_FILE_ENV", "NO_ARROW_MENU_ENV", "AS_ACCELERATE_ENV",
@@ -273,6 +275,8 @@ class LaunchSpec:
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
     max_restarts: int = 0
+    # `--num_machines MIN:MAX`: {"min_processes", "max_processes", "processes_per_machine"} (`elastic_sizes`)
+    elastic: dict | None = None
 
     def __post_init__(self) -> None:
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION_CHOICES:
@@ -284,6 +288,15 @@ class LaunchSpec:
 
     def to_env(self) -> dict[str, str]:
         return {SPEC_ENV_VAR: json.dumps(asdict(self), sort_keys=True)}
+
+    def elastic_sizes(self) -> ElasticSizes | None:
+        """The group sizes of an elastic launch (`--num_machines MIN:MAX`); None for a fixed group.
+
+        Example:
+            >>> LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1}).elastic_sizes()
+            ElasticSizes(min_processes=1, max_processes=2, processes_per_machine=1)
+        """
+        return None if self.elastic is None else ElasticSizes(**self.elastic)
 
     def peer_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables Accelerate's launcher exports, with the same meaning, derived from this spec (the one place).

@@ -1,0 +1,94 @@
+"""The launcher's side of an elastic run (`hasten launch --num_machines MIN:MAX`).
+
+Membership is torch's: every machine runs the same command, and torch's
+elastic agent (torchrun's) meets the others at a c10d rendezvous on the
+main machine (`--main_process_ip`/`--main_process_port`), with
+``--nnodes MIN:MAX``. When a machine is lost, the agents left re-form the
+group (a restart, bounded by `--max_restarts`); when a machine starts the
+command again, the agents re-form it larger at their next look (not a
+restart). Each re-formation starts the script again on every process; the
+script's `load_state()` resumes from the newest complete checkpoint at the
+new size (see `hasten.process.elastic` for what a size means, and
+`hasten.runtime.elastic` for the worker's side).
+
+The rendezvous store lives in the agent of the machine whose address is the
+endpoint; it cannot move. If that machine is lost the others cannot go on:
+`store_lost` is the one sentence they say.
+
+Example:
+    >>> from hasten.launch.plan import LaunchPlan
+    >>> plan = LaunchPlan(target="train.py", num_processes=2, num_machines=2, min_machines=1,
+    ...                   main_process_ip="10.0.0.1", main_process_port=29500, max_restarts=3)
+    >>> elastic_torchrun_argv(plan)[:4]
+    ['--nnodes=1:2', '--nproc-per-node=1', '--rdzv-backend=c10d', '--rdzv-endpoint=10.0.0.1:29500']
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from .plan import LaunchPlan
+
+__all__ = ["RDZV_DEFAULTS", "RUN_ID", "elastic_spec", "elastic_torchrun_argv", "store_lost", "is_store_lost"]
+
+RUN_ID = "hasten"  # every machine of the run gives the same id (the endpoint already names the run)
+# torch's defaults, but for the wait after MIN machines met: 30 s is most of the budget of a shrink (the lost
+# machine's heartbeats expire in 15 s, then the survivors wait this long for more machines before going on).
+RDZV_DEFAULTS: Mapping[str, Any] = {"last_call_timeout": 10}
+
+
+def elastic_spec(plan: "LaunchPlan") -> dict[str, int]:
+    """What each process of an elastic run learns of its range (`LaunchSpec.elastic`): process counts, per machine.
+
+    Example:
+        >>> from hasten.launch.plan import LaunchPlan
+        >>> elastic_spec(LaunchPlan(target="t.py", num_processes=4, num_machines=2, min_machines=1))
+        {'min_processes': 2, 'max_processes': 4, 'processes_per_machine': 2}
+    """
+    per_machine = plan.processes_per_machine
+    return {"min_processes": int(plan.min_machines or plan.num_machines) * per_machine,
+            "max_processes": plan.num_processes, "processes_per_machine": per_machine}
+
+
+def elastic_torchrun_argv(plan: "LaunchPlan") -> list[str]:
+    """torchrun's arguments for an elastic plan: ``--nnodes MIN:MAX`` on the c10d rendezvous of the main machine."""
+    conf = {**RDZV_DEFAULTS, **dict(plan.rdzv_conf or {})}
+    rendered = ",".join(f"{key}={value}" for key, value in conf.items())
+    return [f"--nnodes={plan.min_machines}:{plan.num_machines}", f"--nproc-per-node={plan.processes_per_machine}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={plan.master_addr}:{plan.main_process_port}",
+            f"--rdzv-id={plan.rdzv_id or RUN_ID}", f"--rdzv-conf={rendered}", f"--max-restarts={plan.max_restarts}",
+            f"--monitor-interval={plan.monitor_interval}"]
+
+
+def is_store_lost(error: BaseException) -> bool:
+    """True for the errors torch's agent raises when it cannot reach the rendezvous store any more.
+
+    Example:
+        >>> is_store_lost(ValueError("no"))
+        False
+    """
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (RendezvousError, ConnectionError)) or type(seen).__name__ == "DistStoreError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def store_lost(plan: "LaunchPlan", error: BaseException) -> str:
+    """The one sentence a machine says when the rendezvous store (on the main machine) is gone.
+
+    Example:
+        >>> from hasten.launch.plan import LaunchPlan
+        >>> plan = LaunchPlan(target="t.py", num_processes=2, num_machines=2, min_machines=1,
+        ...                   main_process_ip="10.0.0.1", main_process_port=29500)
+        >>> store_lost(plan, ConnectionError("refused"))  # doctest: +ELLIPSIS
+        'the elastic run lost its rendezvous store at 10.0.0.1:29500 (ConnectionError: refused): ...'
+    """
+    reason = f"{type(error).__name__}: {error}".strip().splitlines()[0][:200]
+    return (f"the elastic run lost its rendezvous store at {plan.master_addr}:{plan.main_process_port} ({reason}): "
+            "the machine holding it (--main_process_ip) cannot leave an elastic run, so this machine stops; start "
+            "the run again with the store on a machine that stays (see docs/concepts/elastic.md)")
