@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from .checkpointing.project import ProjectConfiguration
 from .facade.checkpoints import CheckpointPart
+from .facade.elastic import elastic_run
 from .facade.preparing import PreparePart, make_dynamo_plugin
 from .facade.processes import ProcessPart
 from .facade.runtime import RuntimePart
@@ -227,6 +228,8 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self._init_tracking(log_with)
         # Gradient accumulation: one state per process, shared with every GradientState().
         plugin, accumulation_given = _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps, spec)
+        # An elastic launch (--num_machines MIN:MAX) keeps the global batch of MAX at any size (facade/elastic.py).
+        plugin, self._elastic = elastic_run(spec, self.state.num_processes, plugin)
         self.gradient_state = GradientState(plugin)
         self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer

@@ -238,10 +238,27 @@ def apply_checkpoint(saveset: SaveSet, contents: CheckpointContents) -> None:
         saveset.restore_rng(contents.rng)
     step = contents.rng.get("step") if contents.foreign and contents.rng else contents.manifest.get("step")
     if step is not None:
-        saveset.counter.step = int(step)
+        saveset.counter.step = _step_in_this_run(int(step), contents.manifest.get("gradient_accumulation_steps"),
+                                                 getattr(saveset.counter, "num_steps", None))
     iteration = contents.manifest.get("iteration")
     if iteration is not None and saveset.project.automatic_checkpoint_naming:
         saveset.project.iteration = iteration + 1
+
+
+def _step_in_this_run(step: int, saved_accumulation: int | None, accumulation: int | None) -> int:
+    """The accumulation count after a load: the same number of optimizer steps, counted in this run's cycles.
+
+    A run that accumulates another number of batches (an elastic run on
+    another number of processes keeps its global batch that way) resumes at
+    the start of its next cycle; a count inside a cycle stays as saved.
+
+    Example:
+        >>> _step_in_this_run(6, 1, 2), _step_in_this_run(6, 2, 2), _step_in_this_run(5, 2, 4)
+        (12, 6, 5)
+    """
+    if not saved_accumulation or not accumulation or saved_accumulation == accumulation or step % saved_accumulation:
+        return step
+    return step // saved_accumulation * accumulation
 
 
 def _same(path: Path) -> Path | None:

@@ -16,6 +16,11 @@ a checkpoint taken there resumes exactly.
 - **Progress** (when `hasten launch` asks for it): the main process touches
   a file after its first training batch, so the launcher knows a failed
   attempt got somewhere and restarting it is worthwhile.
+- **Optimizer steps and periodic checkpoints** (when asked for: an elastic
+  run, or `ProjectConfiguration(save_every_n_steps=...)`): a boundary after
+  a batch whose step synchronised counts one optimizer step; a periodic
+  save (`periodic.py`) happens at such a boundary, so it holds no partial
+  gradients.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .periodic import PeriodicSaves
 from ..process.launch_spec import EXIT_PREEMPTED, PREEMPTION_RECORD_ENV as RECORD_ENV, PROGRESS_FILE_ENV as PROGRESS_ENV
 
 if TYPE_CHECKING:
@@ -74,8 +80,14 @@ class BoundaryWatch:
         False
     """
 
-    def __init__(self, save: Callable[[], str], process: "ProcessFacts", preemption: bool, progress_file: str | None) -> None:
+    def __init__(self, save: Callable[[], str], process: "ProcessFacts", preemption: bool, progress_file: str | None,
+                 periodic: PeriodicSaves | None = None, save_periodic: Callable[[], Any] | None = None,
+                 count_steps: bool = False) -> None:
         self.save = save
+        self.periodic, self.save_periodic = periodic, save_periodic
+        self.counting = count_steps or periodic is not None
+        self.optimizer_steps = 0  # counted while `counting`; a checkpoint restores it (`restore_steps`)
+        self._handed = 0  # the training loader's `handed_out` at the last boundary
         self.num_processes = process.world
         self.is_main = process.is_main
         self.progress_file = progress_file if process.is_main else None
@@ -97,7 +109,7 @@ class BoundaryWatch:
 
     @property
     def active(self) -> bool:
-        return self.preemption or self.progress_file is not None
+        return self.preemption or self.progress_file is not None or self.counting
 
     def install(self, gradient_state: "GradientState") -> None:
         """Be `gradient_state`'s boundary hook while there is something to do (else leave the hot path empty)."""
@@ -126,24 +138,53 @@ class BoundaryWatch:
             if self.progress_file is not None:
                 Path(self.progress_file).touch()
                 self.progress_file = None
+        if self.counting and loader.cursor.handed_out != self._handed:  # a batch was trained on since the last one
+            self._handed = loader.cursor.handed_out
+            if self._hooked is not None and self._hooked.sync_gradients:
+                self.optimizer_steps += 1
+                periodic = self.periodic
+                if periodic is not None and periodic.due(self.optimizer_steps, time.monotonic(),
+                                                         alone=self.num_processes == 1 or not self.preemption):
+                    self._save_periodically(periodic)
         if self.preemption:
             if self.num_processes == 1:
                 if self.requested is not None:
                     self._preempt(loader, self.requested)
             elif self.boundaries >= self._next_check:
                 self._check(loader)
-        elif self.progress_file is None and self._hooked is not None:
+        elif self.progress_file is None and not self.counting and self._hooked is not None:
             self._hooked.boundary_hook = None  # nothing left to do: free the hot path
+
+    def _save_periodically(self, periodic: PeriodicSaves) -> None:
+        if self.save_periodic is not None:
+            self.save_periodic()
+        periodic.saved(time.monotonic())
+
+    def restore_steps(self, optimizer_steps: int) -> None:
+        """A checkpoint was loaded: the optimizer steps counted so far are the checkpoint's.
+
+        Example:
+            >>> from hasten.checkpointing.saveset import ProcessFacts
+            >>> watch = BoundaryWatch(save=lambda: "c", process=ProcessFacts.alone(), preemption=False,
+            ...                       progress_file=None, count_steps=True)
+            >>> watch.restore_steps(7); watch.optimizer_steps
+            7
+        """
+        self.optimizer_steps = int(optimizer_steps)
 
     def _check(self, loader: "PreparedDataLoader") -> None:
         import torch
         import torch.distributed as dist
 
-        elapsed = time.monotonic() - self._last_check
-        values = torch.tensor([float(self.requested or 0), elapsed], dtype=torch.float64)
+        now = time.monotonic()
+        elapsed = now - self._last_check
+        save_due = self.periodic is not None and self.periodic.elapsed(now)
+        values = torch.tensor([float(self.requested or 0), elapsed, float(save_due)], dtype=torch.float64)
         dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group)
         if values[0] > 0:
             self._preempt(loader, int(values[0]))
+        if values[2] > 0 and self.periodic is not None:  # one clock said so: all save after the next optimizer step
+            self.periodic.agreed = True
         # Same inputs on every process => the same next check on every process.
         scale = _CHECK_EVERY_SECONDS / max(float(values[1]), 1e-4)
         self._interval = max(1, min(100_000, int(self._interval * scale)))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, MANIFEST_NAME
+from .periodic import PeriodicSaves
 
 __all__ = ["ProjectConfiguration", "checkpoints_root", "list_checkpoints", "latest_checkpoint", "rotate_checkpoints"]
 
@@ -35,6 +36,13 @@ class ProjectConfiguration:
     the project's automatic checkpoints, set once where they are set up;
     a `load_state(input_dir)` call names its checkpoint and never falls back.
 
+    `save_every_n_steps` / `save_every_n_seconds` (hasten's fields too):
+    a checkpoint every N optimizer steps, or every N seconds, written in the
+    background at the batch boundary after an optimizer step (see
+    `hasten.checkpointing.periodic`); they need automatic naming. With
+    ``accelerator.load_state()`` at the start of the script, that is all an
+    automatic restart, a preemption or an elastic re-formation needs.
+
     Example:
         >>> config = ProjectConfiguration("runs/demo", automatic_checkpoint_naming=True, total_limit=2)
         >>> config.logging_dir
@@ -48,6 +56,9 @@ class ProjectConfiguration:
     iteration: int = 0
     save_on_each_node: bool = False
     fallback_on_damage: bool = False
+    # hasten's periodic checkpoints (`periodic.py`): every N optimizer steps or seconds, in the background
+    save_every_n_steps: int | None = None
+    save_every_n_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
@@ -55,6 +66,22 @@ class ProjectConfiguration:
         if not isinstance(self.iteration, int) or self.iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {self.iteration!r}.")
         self.set_directories(self.project_dir)
+        periodic = self.periodic_saves()
+        if periodic is not None and not self.automatic_checkpoint_naming:
+            raise ValueError("save_every_n_steps / save_every_n_seconds write automatically named checkpoints; add "
+                             "automatic_checkpoint_naming=True (and a project_dir).")
+
+    def periodic_saves(self) -> PeriodicSaves | None:
+        """The periodic-checkpoint policy these settings ask for (None: only the script's own saves).
+
+        Example:
+            >>> ProjectConfiguration("runs", automatic_checkpoint_naming=True, save_every_n_steps=100).periodic_saves()
+            ... # doctest: +ELLIPSIS
+            PeriodicSaves(every_steps=100, every_seconds=None, ...)
+        """
+        if self.save_every_n_steps is None and self.save_every_n_seconds is None:
+            return None
+        return PeriodicSaves(every_steps=self.save_every_n_steps, every_seconds=self.save_every_n_seconds)
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
         """Set `project_dir` (and `logging_dir` when it was not given)."""

@@ -312,6 +312,7 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         "num_processes": process.world,
         "saved_by": list(range(process.world)) if together else [process.rank],
         "step": saveset.counter.step,
+        "gradient_accumulation_steps": getattr(saveset.counter, "num_steps", None),
         "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(saveset.optimizers),
                      "schedulers": len(saveset.schedulers), "dataloaders": len(saveset.dataloaders),
                      "custom": len(saveset.custom), "scaler": saveset.scaler is not None,
@@ -319,6 +320,8 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         # each loader's own position (a torchdata-backed loader's state_dict is torchdata's: not this)
         "dataloaders": [encode(loader.position_state()) for loader in saveset.dataloaders],
     }
+    if saveset.notes is not None:
+        manifest["run"] = saveset.notes()
 
     def publish_outcome(reports: list[tuple[Any, dict[str, int], dict[str, str]]]) -> str | CheckpointError | None:
         """The publisher's part once every process reported: manifest, rename, rotation; the first error, if any."""

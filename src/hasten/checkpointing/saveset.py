@@ -145,6 +145,8 @@ class SaveSet:
     # The RNG policy: every generator of the process, captured at save and restored at load.
     capture_rng: Callable[[], dict[str, Any]] = capture_rng_state
     restore_rng: Callable[[dict[str, Any]], None] = restore_rng_state
+    # Facts of the run kept in the manifest's "run" entry (optimizer steps, the group that saved): read, never applied
+    notes: Callable[[], dict[str, Any]] | None = None
 
 
 def run_save_hooks(saveset: SaveSet, weights: list[dict[str, Any]], output_dir: str) -> None:

@@ -19,8 +19,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
+from ..core.errors import CheckpointError
+from .elastic import join_elastic_run, report_reformation
 
 if TYPE_CHECKING:
+    from .elastic import ElasticRun
     from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
     from ..checkpointing.project import ProjectConfiguration
     from ..data.loader import PreparedDataLoader
@@ -54,17 +57,25 @@ class _SaveState:
     loaders), as Accelerate's is; it pickles with the Accelerator.
     """
 
-    def __init__(self, owner: CheckpointPart) -> None:
+    def __init__(self, owner: CheckpointPart, in_background: bool = False) -> None:
         self._owner = weakref.ref(owner)
+        self.in_background = in_background  # a periodic save: asynchronous where the engine can
 
     def __call__(self) -> str:
         owner = self._owner()
         if owner is None:
             raise RuntimeError("the Accelerator this preemption watch saves is gone; nothing can be saved.")
+        if self.in_background:
+            try:
+                return owner.save_state(async_save=True)
+            except CheckpointError as refused:
+                if "async_save" not in str(refused):  # an engine that saves only in the foreground (DeepSpeed)
+                    raise
+                self.in_background = False
         return owner.save_state()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self._owner(),)
+        return type(self), (self._owner(), self.in_background)
 
 
 class CheckpointPart:
@@ -91,6 +102,7 @@ class CheckpointPart:
     _optimizers: list[AcceleratedOptimizer]
     _schedulers: list[AcceleratedScheduler]
     _dataloaders: list[PreparedDataLoader]
+    _elastic: ElasticRun | None
 
     def _init_checkpoints(self) -> None:
         """Registered objects and hooks; the batch-boundary watch (preemption, progress); progress for the watchdog.
@@ -106,10 +118,15 @@ class CheckpointPart:
 
         watchdog.set_progress(_training_progress(weakref.ref(self)))
         # Batch boundaries of the training loader: preemption (with automatic naming) and restart progress.
+        periodic = self.project_configuration.periodic_saves()
         self._boundary_watch = BoundaryWatch(_SaveState(self), self._process_facts(),
                                              preemption=self.project_configuration.automatic_checkpoint_naming,
-                                             progress_file=os.environ.get(PROGRESS_ENV))
+                                             progress_file=os.environ.get(PROGRESS_ENV), periodic=periodic,
+                                             save_periodic=_SaveState(self, in_background=True) if periodic else None,
+                                             count_steps=self._elastic is not None)
         self._boundary_watch.install(self.gradient_state)
+        if self._elastic is not None:  # (a collective: every process builds its Accelerator)
+            join_elastic_run(self._elastic, self._boundary_watch, self.project_configuration.project_dir)
 
     def _process_facts(self) -> ProcessFacts:
         from ..checkpointing.saveset import ProcessFacts  # the checkpoint layer's types: loaded at the first save
@@ -128,7 +145,13 @@ class CheckpointPart:
             schedulers=list(self._schedulers), dataloaders=list(self._dataloaders), custom=list(self._custom_objects),
             scaler=self.scaler, save_pre_hooks=list(self._save_state_pre_hooks.values()),
             load_pre_hooks=list(self._load_state_pre_hooks.values()), restore_position=self.use_stateful_dataloader,
+            notes=self._run_notes if self._boundary_watch.counting else None,
         )
+
+    def _run_notes(self) -> dict[str, Any]:
+        """What a checkpoint's manifest keeps of the run: optimizer steps counted, and an elastic run's group."""
+        steps = self._boundary_watch.optimizer_steps
+        return self._elastic.notes(steps) if self._elastic is not None else {"optimizer_steps": steps}
 
     # -- where ------------------------------------------------------------------------------
     @property
@@ -281,6 +304,14 @@ class CheckpointPart:
                                  "starting from the beginning.")
             else:
                 self.state.print(f"hasten: resumed from {path}.")
+        if path is not None and self._boundary_watch.counting:
+            from ..checkpointing.commit import read_manifest
+            from ..checkpointing.constants import MANIFEST_NAME
+
+            notes = read_manifest(Path(path)).get("run") if (Path(path) / MANIFEST_NAME).exists() else None
+            self._boundary_watch.restore_steps(int((notes or {}).get("optimizer_steps", 0)))
+            if self._elastic is not None:
+                report_reformation(self, self._elastic, notes, str(path))
         return None if path is None else str(path)
 
     # -- model weights ------------------------------------------------------------------------

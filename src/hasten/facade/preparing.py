@@ -19,6 +19,7 @@ from ..runtime.optimizer import AcceleratedOptimizer
 from ..runtime.scheduler import AcceleratedScheduler
 
 if TYPE_CHECKING:
+    from .elastic import ElasticRun
     from ..data import PreparedDataLoader
     from ..fp8.setup import Fp8Setup
     from ..runtime.gradient_state import GradientState
@@ -84,6 +85,13 @@ class PreparePart:
     step_scheduler_with_optimizer: bool
     _scheduler_once_per_step: bool
     _fp8: Fp8Setup
+    _elastic: ElasticRun | None
+
+    @property
+    def _scheduler_processes(self) -> int:
+        """How many times a prepared scheduler advances per optimizer step: Accelerate's number of processes (an
+        elastic run's at MAX, so the schedule follows optimizer steps at any size)."""
+        return self._elastic.scheduler_steps if self._elastic is not None else self.state.num_processes
 
     def _init_loader_settings(self, config: DataLoaderConfiguration, split_batches: bool | None, even_batches: bool | None,
                               device_placement: bool, rng_types: list[Any] | None) -> None:
@@ -359,7 +367,7 @@ class PreparePart:
         optimizers = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
         prepared = AcceleratedScheduler(scheduler, optimizers or list(self._optimizers), self.step_scheduler_with_optimizer,
                                         self.split_batches, gradient_state=self.gradient_state,
-                                        num_processes=1 if self._scheduler_once_per_step else self.state.num_processes)
+                                        num_processes=1 if self._scheduler_once_per_step else self._scheduler_processes)
         self._schedulers.append(prepared)
         self._remember(scheduler, prepared)
         _mark_prepared(prepared)

@@ -29,6 +29,7 @@ class TrackerPart:
         """Check `log_with` once (names, installed packages, a logging directory where needed); nothing starts yet."""
         self.trackers: list[GeneralTracker] = []
         self.log_with: list[str | GeneralTracker] = []
+        self._pending_records: list[tuple[dict[str, Any], int]] = []  # hasten's own records, until trackers start
         if log_with is not None:  # the tracking package is imported only by runs that track (import cost is a feature)
             from ..tracking import resolve_log_with
 
@@ -72,6 +73,16 @@ class TrackerPart:
         if config is not None:
             for tracker in started:
                 tracker.store_init_configuration(config)
+        records, self._pending_records = self._pending_records, []
+        for values, step in records:
+            self.log(values, step=step)
+
+    def _log_elastic_record(self, values: dict[str, Any], step: int) -> None:
+        """Log hasten's record of an event (an elastic re-formation): now, or when the trackers start."""
+        if self.trackers:
+            self.log(values, step=step)
+        elif self.log_with and self.state.is_main_process:
+            self._pending_records.append((values, step))
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called `name` (its backend object with `unwrap=True`); a do-nothing one where none runs."""

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from .config import DEFAULT_LIVENESS_TIMEOUT, ConfigError, check_layout
 from ..core.errors import LaunchError
-from ..process.launch_spec import AS_ACCELERATE_ENV, HEARTBEAT_DIR_ENV, LaunchSpec
+from ..process.launch_spec import AS_ACCELERATE_ENV, HEARTBEAT_DIR_ENV, MACHINE_ENV, LaunchSpec
 from .elastic import elastic_spec, elastic_torchrun_argv
 from .network import interface_for_address, is_loopback
 
@@ -233,6 +233,8 @@ class LaunchPlan:
             assign("NCCL_SOCKET_IFNAME", interface)
         if self.quiet:
             env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        if self.elastic:  # who left or joined, in the line a re-formation prints
+            env[MACHINE_ENV] = f"{socket.gethostname()}/{self.machine_rank}"
         if self.function is not None:
             # torch.cuda.is_available() via NVML: asking the driver would initialise CUDA in the forking process.
             env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"

@@ -32,6 +32,7 @@ from ..checkpointing.preemption import read_preemption_record
 from ..core.environment import restored_environment
 from ..process.launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, HEARTBEAT_DIR_ENV, PREEMPTION_RECORD_ENV,
                            PROGRESS_FILE_ENV, LaunchSpec)
+from .elastic import is_store_lost, store_lost
 from .failures import all_failures, failure_summary
 from .leftovers import empty, owned_directory, shared_directory
 from .guardian import start as guardian_of, stop as stop_guardian
@@ -75,11 +76,13 @@ class Outcome:
     signum: int | None = None  # the signal that ended the run (the agent stopped every process)
     restarts_declined: bool = False  # restarts were left, but the attempt failed before its first training batch
     unresponsive: str | None = None  # a process froze: the line naming it (`hasten.launch.liveness`)
+    lost: str | None = None  # an elastic run lost its rendezvous store: the line saying so (`launch.elastic`)
     frozen: tuple[int, ...] = ()  # ... and the ranks that froze
 
     def summary(self, world_size: int) -> str:
         """The line that says why the run failed: the frozen process, else the root cause among the failures."""
-        return self.unresponsive or failure_summary(self.failures, world_size).removeprefix("hasten launch: ")
+        return (self.lost or self.unresponsive
+                or failure_summary(self.failures, world_size).removeprefix("hasten launch: "))
 
 
 def execute(plan: LaunchPlan) -> int:
@@ -94,7 +97,7 @@ def execute(plan: LaunchPlan) -> int:
     outcome = launch(plan)
     if outcome.preempted is not None:
         sys.stderr.write(f"hasten launch: {outcome.preempted}.\n")
-    elif outcome.failures or outcome.unresponsive:
+    elif outcome.failures or outcome.unresponsive or outcome.lost:
         sys.stderr.write(f"hasten launch: {outcome.summary(plan.num_processes)}\n")
         if outcome.restarts_declined:
             sys.stderr.write("hasten launch: not restarting: this attempt failed before its first training batch "
@@ -220,6 +223,10 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
                                      frozen=monitor.frozen)
             except SignalException as stopped:  # kept as a number: the exception holds the agent's frames
                 return _preempted_or(128 + int(stopped.sigval), record, signum=int(stopped.sigval))
+            except Exception as error:  # noqa: BLE001 - only the rendezvous store's loss is ours to explain
+                if not (plan.elastic and is_store_lost(error)):
+                    raise
+                return Outcome(code=EXIT_FAILED, lost=store_lost(plan, error))
             return Outcome()
 
 

@@ -27,7 +27,8 @@ import sys
 from typing import Any, Callable
 
 from ..process.aliasing import install as install_accelerate_switch
-from ..process.launch_spec import AS_ACCELERATE_ENV, EXIT_FAILED, EXIT_INTERRUPTED, SPEC_ENV_VAR, LaunchSpec
+from ..process.launch_spec import (AS_ACCELERATE_ENV, EXIT_FAILED, EXIT_INTERRUPTED, PREEMPTION_RECORD_ENV, SPEC_ENV_VAR,
+                                   LaunchSpec)
 from ..process.exit import exit_cleanly, exit_now, hide_frames_of, rank_label, record_failure
 from ..process import board, heartbeat
 from ..process.group import leave_process_group
@@ -63,6 +64,18 @@ def export_peer_environment() -> None:
         os.environ.update(LaunchSpec.current().peer_env())
 
 
+def forget_last_round() -> None:
+    """An elastic run's new round: the last round's preemption record (its agent stopped it to grow) is not this one's.
+
+    Example:
+        >>> forget_last_round()  # no elastic launch here: nothing to forget
+    """
+    record = os.environ.get(PREEMPTION_RECORD_ENV)
+    if record and os.environ.get(SPEC_ENV_VAR) and LaunchSpec.current().elastic is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(record)
+
+
 def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
     """Run the target on this rank; with `exit_when_done` a finished rank ends through `exit_cleanly`."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -76,6 +89,7 @@ def main(argv: list[str] | None = None, exit_when_done: bool = True) -> int:
         return 2
     target, args = argv[0], argv[1:]
     export_peer_environment()
+    forget_last_round()
     if os.environ.get(AS_ACCELERATE_ENV) == "1":  # `hasten launch --as-accelerate`: before the script imports anything
         install_accelerate_switch()
     try:

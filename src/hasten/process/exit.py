@@ -10,11 +10,13 @@ confusing SIGABRT.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
 import traceback
 from types import TracebackType
+from typing import Callable
 
 __all__ = ["PEER_LOST_MARKERS", "is_peer_lost", "hide_frames_of", "is_hidden", "rank_label", "record_failure",
            "exit_now", "exit_cleanly"]
@@ -78,8 +80,27 @@ def rank_label() -> str:
         return os.environ.get("RANK", "?")
 
 
+_failure_hooks: list[Callable[[], None]] = []
+
+
+def on_failure(hook: Callable[[], None]) -> Callable[[], None]:
+    """Call `hook()` when this process fails (before its report); a hook that raises is skipped. Returns `hook`.
+
+    For what only a failing process knows and a restarted run needs (an
+    elastic run records how far it got, to tell the steps it redoes).
+
+    Example:
+        >>> _ = on_failure(lambda: None); _failure_hooks.clear()
+    """
+    _failure_hooks.append(hook)
+    return hook
+
+
 def record_failure(error: BaseException) -> None:
     """Report `error` with this process's rank: in the terminal and in torchelastic's error file (when there is one)."""
+    for hook in list(_failure_hooks):
+        with contextlib.suppress(Exception):
+            hook()
     error.__traceback__ = _user_traceback(error.__traceback__)
     if is_peer_lost(str(error)):
         # Keep the terminal on the root cause: one line for the collateral failure.

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from .elastic import ElasticSizes
 
-__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
+__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MACHINE_ENV", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
            "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
            "INIT_INCLUDE_BUFFERS_ENV", "PEER_INIT_INCLUDE_BUFFERS_ENV", "CONFIG_FILE_ENV", "NO_ARROW_MENU_ENV", "AS_ACCELERATE_ENV",
            "PEER_TORCH_DEVICE_ENV", "torch_device_from_env",
@@ -37,6 +37,7 @@ SPEC_ENV_VAR = "HASTEN_LAUNCH_SPEC"  # the `LaunchSpec`, as JSON
 BOARD_DIR_ENV = "HASTEN_BOARD_DIR"  # shared-memory directory of the mismatch check's board (all ranks on one machine)
 PROGRESS_FILE_ENV = "HASTEN_PROGRESS_FILE"  # touched by the main process after its first training batch
 PREEMPTION_RECORD_ENV = "HASTEN_PREEMPTION_RECORD"  # where the main process writes what a preemption saved
+MACHINE_ENV = "HASTEN_MACHINE"  # an elastic run's name for this machine ("host/machine_rank"): who left or joined
 HEARTBEAT_DIR_ENV = "HASTEN_HEARTBEAT_DIR"  # where each process's heartbeat file goes (`hasten.process.heartbeat`)
 # -- settings a user may choose through the environment, read in each process (by the functions below)
 DEBUG_ENV = "HASTEN_DEBUG"  # debug mode, as `hasten launch --debug` (any value but "" or "0")
