@@ -199,7 +199,9 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
             os.environ.update(dataclasses.replace(plan.spec, restart_count=attempt - 1,
                                                   max_restarts=plan.restarts_by_launcher).to_env())
             # torchrun keeps per-run error files in a directory it never removes; give it one we do.
-            log_dir = tempfile.mkdtemp(prefix="attempt-", dir=run_dir)
+            if plan.log_dir:  # `--log_dir`: the attempts' folders are kept there (torchrun's logs, error files)
+                os.makedirs(plan.log_dir, exist_ok=True)
+            log_dir = tempfile.mkdtemp(prefix="attempt-", dir=plan.log_dir or run_dir)
             config, entrypoint, args = _elastic_config(plan, log_dir)
             try:
                 with _watched(plan, run_dir, f"attempt-{attempt}") as monitor:
