@@ -97,8 +97,13 @@ class LaunchPlan:
     # torchelastic's settings that only notebook_launcher exposes (None: torchrun's defaults)
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
-    rdzv_conf: Mapping[str, Any] | None = None
+    rdzv_conf: Mapping[str, Any] | None = None  # also `hasten launch --rdzv_conf`
     log_line_prefix_template: str | None = None
+    # torchrun's options the launch command passes on (`--tee`, `--log_dir`, `--role`, `--no_python`)
+    tee: str = "0"
+    log_dir: str | None = None  # each attempt's per-rank logs and error files are kept in a folder under it
+    role: str = "default"
+    no_python: bool = False  # run the target as an executable, without hasten's worker around it
 
     # -- derived ------------------------------------------------------------------
     @property
@@ -112,7 +117,22 @@ class LaunchPlan:
             return "mpirun"
         if self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0 or self.elastic:
             return "torchrun"
+        if self.function is None and (self.torchrun_options() or self.log_dir):  # only torchrun does these
+            return "torchrun"
         return "single"
+
+    def torchrun_options(self) -> list[str]:
+        """torchrun's arguments for `--tee`, `--log_dir`'s logs, `--role` and `--rdzv_conf`, where given.
+
+        Example:
+            >>> LaunchPlan(target="train.py", tee="3", role="trainer").torchrun_options()
+            ['--tee=3', '--role=trainer']
+        """
+        argv = [f"--tee={self.tee}"] if str(self.tee) != "0" else []
+        argv += [f"--role={self.role}"] if self.role != "default" else []
+        if self.rdzv_conf and not self.elastic:  # an elastic plan renders its own
+            argv.append("--rdzv-conf=" + ",".join(f"{key}={value}" for key, value in self.rdzv_conf.items()))
+        return argv
 
     @property
     def elastic(self) -> bool:
@@ -145,7 +165,7 @@ class LaunchPlan:
                          self.main_process_port)
         except ConfigError as error:
             raise LaunchError(str(error)) from None
-        if not self.module and not os.path.isfile(self.target):
+        if not self.module and not os.path.isfile(self.target) and not (self.no_python and shutil.which(self.target)):
             raise LaunchError(f"the script {self.target!r} does not exist; check the path (or use -m for a module).")
         if self.mpirun and shutil.which("mpirun") is None:
             raise LaunchError("--mpirun needs Open MPI's mpirun on PATH; install it (apt-get install openmpi-bin).")
@@ -173,7 +193,7 @@ class LaunchPlan:
     def torchrun_argv(self) -> list[str]:
         """Arguments for torch.distributed.run (torchrun)."""
         if self.elastic:
-            return elastic_torchrun_argv(self) + ["-m", WORKER_MODULE, *self.worker_argv()]
+            return elastic_torchrun_argv(self) + self.torchrun_options() + self._program(torchrun=True)
         argv = [f"--nnodes={self.num_machines}", f"--nproc-per-node={self.processes_per_machine}"]
         if self.rdzv_backend == "c10d":
             argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.master_addr}:{self.main_process_port}",
@@ -182,8 +202,8 @@ class LaunchPlan:
             argv += [f"--node-rank={self.machine_rank}", f"--master-addr={self.master_addr}",
                      f"--master-port={self.main_process_port}"]
         agent_restarts = self.max_restarts - self.restarts_by_launcher
-        argv += [f"--max-restarts={agent_restarts}", f"--monitor-interval={self.monitor_interval}", "-m", WORKER_MODULE]
-        return argv + self.worker_argv()
+        argv += [f"--max-restarts={agent_restarts}", f"--monitor-interval={self.monitor_interval}"]
+        return argv + self.torchrun_options() + self._program(torchrun=True)
 
     def mpirun_argv(self, is_root: bool | None = None, cpus: int | None = None) -> list[str]:
         """The full mpirun command (Open MPI): each rank runs the worker; gloo connects them."""
@@ -202,7 +222,13 @@ class LaunchPlan:
         for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", *self.spec.to_env(), *heartbeats, *switch,
                      *(n for n in self.extra_env if n not in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"))):
             argv += ["-x", name]
-        return argv + [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
+        return argv + self._program()
+
+    def _program(self, torchrun: bool = False) -> list[str]:
+        """What each process runs: hasten's worker around the target, or with `no_python` the target itself."""
+        if self.no_python:
+            return (["--no-python"] if torchrun else []) + [self.target, *self.target_args]
+        return (["-m"] if torchrun else [sys.executable, "-m"]) + [WORKER_MODULE, *self.worker_argv()]
 
     def worker_argv(self) -> list[str]:
         """Arguments for hasten.launch.worker: the user's target and its own arguments."""
@@ -271,7 +297,7 @@ class LaunchPlan:
             return self.mpirun_argv()
         if self.mode == "torchrun":
             return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_argv()]
-        return [sys.executable, "-m", WORKER_MODULE, *self.worker_argv()]
+        return self._program()
 
     def describe(self) -> str:
         """The exact command and launch spec, for --dry_run and logs."""
