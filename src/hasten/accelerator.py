@@ -156,7 +156,7 @@ def _accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int |
         raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
     if plugin is None:
         plugin = GradientAccumulationPlugin(num_steps=_first_given(steps, spec.gradient_accumulation_steps, 1))
-    if not isinstance(plugin.num_steps, int) or plugin.num_steps < 1:
+    if plugin.num_steps is not None and (not isinstance(plugin.num_steps, int) or plugin.num_steps < 1):
         raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {plugin.num_steps!r}.")
     return plugin, given
 
@@ -281,7 +281,8 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
     # -- what kind of run --------------------------------------------------------------------
     @property
     def distributed_type(self) -> DistributedType:
-        return self.strategy.distributed_type
+        """The kind of run, as `accelerator.state` records it (Accelerate's: setting the state's changes this too)."""
+        return self.state.distributed_type
 
     @property
     def mixed_precision(self) -> str:

@@ -7,6 +7,7 @@ read those lists.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, TypeGuard
 
@@ -68,6 +69,10 @@ def make_dynamo_plugin(dynamo_backend: Any = None, dynamo_plugin: TorchDynamoPlu
 class PreparePart:
     """`prepare` (models, optimizers, loaders, schedulers in any order), `unwrap_model`, `dataloader_config`.
 
+    `dataloader_config` is the `DataLoaderConfiguration` given (or made), kept
+    as Accelerate keeps it: the loader settings (`split_batches`,
+    `even_batches`, ...) read it at each prepare.
+
     Example:
         >>> from hasten import Accelerator
         >>> accelerator = Accelerator(cpu=True)
@@ -77,6 +82,7 @@ class PreparePart:
     """
 
     # Shared values this part reads (set once by `Accelerator.__init__`).
+    dataloader_config: DataLoaderConfiguration  # set by `_init_loader_settings`; replaceable, as in Accelerate
     state: AcceleratorState
     device: torch.device
     strategy: Strategy  # sets models and optimizers up; where a loader's process sits among the data groups
@@ -95,19 +101,17 @@ class PreparePart:
 
     def _init_loader_settings(self, config: DataLoaderConfiguration, split_batches: bool | None, even_batches: bool | None,
                               device_placement: bool, rng_types: list[Any] | None) -> None:
-        """How loaders are prepared: the configuration, with `split_batches` / `even_batches` given directly winning."""
-        self.split_batches = config.split_batches if split_batches is None else split_batches
-        self.even_batches = config.even_batches if even_batches is None else even_batches
-        self.dispatch_batches = config.dispatch_batches  # None: iterable datasets are dispatched (Accelerate's default)
+        """How loaders are prepared: the configuration (kept as given, as Accelerate keeps it), with `split_batches` /
+        `even_batches` passed directly winning."""
+        direct = {name: value for name, value in (("split_batches", split_batches), ("even_batches", even_batches))
+                  if value is not None}
+        # Accelerate keeps the object itself and reads it at each prepare: a library that sets a field on it later
+        # (TRL: `accelerator.dataloader_config.dispatch_batches = False`) changes the loaders prepared after.
+        self.dataloader_config = dataclasses.replace(config, **direct) if direct else config
         self.device_placement = device_placement
-        self.use_stateful_dataloader = config.use_stateful_dataloader
-        self.use_seedable_sampler = config.use_seedable_sampler
-        self.data_seed = config.data_seed
-        self.keyed_shuffle = config.keyed_shuffle
         if config.data_seed is not None and not (config.use_seedable_sampler or config.keyed_shuffle):
             warnings.warn("DataLoaderConfiguration(data_seed=...) applies only with use_seedable_sampler=True (or "
                           "keyed_shuffle=True), as in Accelerate; set one of them or drop data_seed.", stacklevel=3)
-        self._non_blocking = config.non_blocking
         # Every prepared loader makes these generators equal on all processes at the start of each pass.
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
 
@@ -349,7 +353,7 @@ class PreparePart:
             even_batches=self.even_batches,
             use_seedable_sampler=self.use_seedable_sampler,
             data_seed=self.data_seed,
-            non_blocking=self._non_blocking,
+            non_blocking=self.non_blocking,
             gradient_state=self.gradient_state,
             keyed_shuffle=self.keyed_shuffle,
             slice_fn_for_dispatch=slice_fn_for_dispatch,
@@ -412,30 +416,55 @@ class PreparePart:
 
         return extract_model_from_parallel(self.strategy.unwrap_model(model), keep_fp32_wrapper, keep_torch_compile)
 
-    # -- how loaders are prepared ---------------------------------------------------------------------------
+    # -- how loaders are prepared: read from `dataloader_config` at each prepare, as Accelerate ---------------
     @property
-    def dataloader_config(self) -> DataLoaderConfiguration:
-        """How this Accelerator prepares loaders, as a `DataLoaderConfiguration`.
+    def split_batches(self) -> bool:
+        """Whether each batch is split across processes (`DataLoaderConfiguration.split_batches`).
 
         Example:
             >>> from hasten import Accelerator
-            >>> Accelerator(cpu=True, even_batches=False).dataloader_config.even_batches
-            False
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.dataloader_config.split_batches = True   # loaders prepared from now on split
+            >>> accelerator.split_batches
+            True
         """
-        return DataLoaderConfiguration(split_batches=self.split_batches, even_batches=self.even_batches,
-                                       non_blocking=self._non_blocking, use_stateful_dataloader=self.use_stateful_dataloader,
-                                       data_seed=self.data_seed, dispatch_batches=self.dispatch_batches,
-                                       use_seedable_sampler=self.use_seedable_sampler, keyed_shuffle=self.keyed_shuffle)
+        return self.dataloader_config.split_batches
 
-    @dataloader_config.setter
-    def dataloader_config(self, config: DataLoaderConfiguration) -> None:
-        # As in the peer, loaders prepared after the assignment follow the new configuration.
-        self.split_batches, self.even_batches = config.split_batches, config.even_batches
-        self.dispatch_batches, self._non_blocking = config.dispatch_batches, config.non_blocking
-        self.use_stateful_dataloader, self.data_seed = config.use_stateful_dataloader, config.data_seed
-        self.use_seedable_sampler, self.keyed_shuffle = config.use_seedable_sampler, config.keyed_shuffle
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """Whether process 0 reads every batch and sends each process its rows (None: for iterable datasets)."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether the last batch is completed so every process gets one (settable, as in Accelerate)."""
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """Whether shuffling uses a sampler seeded by `data_seed` + epoch."""
+        return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
         """Whether batches are moved to the device without blocking (`DataLoaderConfiguration.non_blocking`)."""
-        return self._non_blocking
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether loaders are torchdata `StatefulDataLoader`s."""
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
+    def data_seed(self) -> int | None:
+        """The seedable sampler's seed (hasten's name for `dataloader_config.data_seed`)."""
+        return self.dataloader_config.data_seed
+
+    @property
+    def keyed_shuffle(self) -> bool:
+        """hasten's opt-in keyed shuffle (`DataLoaderConfiguration.keyed_shuffle`)."""
+        return self.dataloader_config.keyed_shuffle

@@ -6,12 +6,13 @@ import contextlib
 import dataclasses
 import logging
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
-from ..options import AutocastKwargs, ProfileKwargs
+from ..options import AutocastKwargs, DistributedType, ProfileKwargs
 from ..options.kwargs import PROFILE_PATTERN_NAME
 
 if TYPE_CHECKING:
@@ -23,6 +24,22 @@ if TYPE_CHECKING:
 __all__ = ["RuntimePart"]
 
 _logger = logging.getLogger("hasten")
+
+def _amp_dtype(precision: str, device_type: str) -> torch.dtype:
+    """The autocast dtype Accelerate's `native_amp = True` gives `precision` (fp16, bf16/fp8, else torch's default)."""
+    if precision == "fp16":
+        return torch.float16
+    if precision in ("bf16", "fp8"):
+        return torch.bfloat16
+    return torch.get_autocast_dtype(device_type)
+
+
+# The kinds of run `join_uneven_inputs` joins: data parallel over devices of one kind (Accelerate's `multi_device`),
+# and over CPU processes, where hasten's DDP joins too (Accelerate's warns there).
+_DATA_PARALLEL_KINDS = frozenset({
+    DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA,
+    DistributedType.MULTI_MUSA, DistributedType.MULTI_NPU, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU,
+    DistributedType.MULTI_NEURON})
 
 
 class RuntimePart:
@@ -81,6 +98,11 @@ class RuntimePart:
         restored after); by default the Accelerator's setting applies, and
         Join is enabled only when batches are not evened out.
 
+        As in Accelerate it joins only data-parallel (DDP) runs, which hasten
+        also has over CPU processes; under any other distributed kind (FSDP,
+        DeepSpeed, or a kind a script set on `accelerator.state`) it warns and
+        runs the block as it is, whatever `joinables` holds.
+
         Example:
             >>> from hasten import Accelerator
             >>> accelerator = Accelerator(cpu=True)
@@ -88,18 +110,29 @@ class RuntimePart:
             >>> with accelerator.join_uneven_inputs([model], even_batches=False):
             ...     _ = model(torch.ones(1, 2))
         """
-        if not self.state.use_distributed:
+        kind = self.state.distributed_type
+        if not (self.state.use_distributed and kind in _DATA_PARALLEL_KINDS):
+            if kind != DistributedType.NO:  # Accelerate's warning (its tests match "only supported for multi-GPU")
+                warnings.warn("Joining uneven inputs is only supported for multi-GPU training (data parallel; hasten "
+                              f"also joins CPU processes), so `join_uneven_inputs` has no effect under {kind.value}.",
+                              stacklevel=3)
             yield
             return
         from torch.distributed.algorithms import Join
 
         restore: list[tuple[Any, bool]] = []
         if even_batches is not None:
+            iterable = False
             for loader in self._dataloaders:
                 sampler: Any = getattr(loader, "batch_sampler", None)
                 if hasattr(sampler, "even_batches"):
                     restore.append((sampler, sampler.even_batches))
                     sampler.even_batches = even_batches
+                else:
+                    iterable = True
+            if iterable:  # Accelerate's warning, word for word (its tests match it)
+                warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some dataloaders "
+                              "given were iterable", stacklevel=3)
         else:
             even_batches = self.even_batches
         try:
@@ -295,21 +328,38 @@ class RuntimePart:
 
     @property
     def native_amp(self) -> bool:
-        """Whether prepared models run under autocast (False: full precision, or turned off by setting it).
+        """Whether prepared models and `autocast()` run under autocast (Accelerate's attribute, assignable).
 
-        As in Accelerate, ``accelerator.native_amp = False`` (diffusers does it on
-        Apple's MPS) turns autocast off for models prepared afterwards and for
-        `accelerator.autocast()`; an fp16 loss scaler already made stays.
+        It reads as in Accelerate: True with bf16, fp8, and fp16 on a GPU;
+        False in full precision and for fp16 on the CPU (which trains in full
+        precision there). Assigning it changes what models prepared afterwards
+        and `accelerator.autocast()` do, as in Accelerate: False turns autocast
+        off (diffusers' examples do it on Apple's MPS); True turns it on, in the
+        precision's dtype, or, with none (``mixed_precision="no"``, or fp16 on
+        the CPU), in the dtype Accelerate's autocast takes there: float16 for
+        fp16, else torch's default for the device (bfloat16 on the CPU).
+        Models prepared before keep their forward; an fp16 loss scaler is made
+        (or not) once, at `Accelerator()`.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+            >>> accelerator.native_amp
+            True
+            >>> accelerator.native_amp = False
+            >>> with accelerator.autocast():
+            ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+            torch.float32
         """
         return self.precision.dtype is not None
 
     @native_amp.setter
     def native_amp(self, enabled: bool) -> None:
-        if not enabled and self.precision.dtype is not None:
-            self.precision = dataclasses.replace(self.precision, dtype=None)
-            self.strategy.precision = self.precision
-        elif enabled and self.precision.dtype is None and self.precision.name != "no":
-            raise ValueError("native_amp can only be turned off; build the Accelerator with the precision you want.")
+        if bool(enabled) == (self.precision.dtype is not None):
+            return
+        dtype = _amp_dtype(self.precision.name, self.precision.device_type) if enabled else None
+        self.precision = dataclasses.replace(self.precision, dtype=dtype)
+        self.strategy.precision = self.precision
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:

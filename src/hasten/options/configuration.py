@@ -115,15 +115,20 @@ class DataLoaderConfiguration:
 
 
 @dataclass
-class GradientAccumulationPlugin:
+class GradientAccumulationPlugin(KwargsHandler):
     """Gradient accumulation settings.
+
+    As in Accelerate it is a kwargs handler: `to_kwargs()` (its settings that
+    differ from the defaults) is what `GradientState.plugin_kwargs` holds.
 
     Example:
         >>> GradientAccumulationPlugin(num_steps=4).sync_with_dataloader
         True
+        >>> GradientAccumulationPlugin(num_steps=4, sync_each_batch=True).to_kwargs()
+        {'num_steps': 4, 'sync_each_batch': True}
     """
 
-    num_steps: int = 1
+    num_steps: int | None = None  # None: 1 step (Accelerate's default, left out of to_kwargs())
     adjust_scheduler: bool = True  # as in Accelerate, only its non-default value reaches GradientState.adjust_scheduler
     sync_with_dataloader: bool = True
     # Synchronise (all-reduce / reduce-scatter) gradients on every batch, not only on the optimizer step:

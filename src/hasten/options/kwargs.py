@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Callable, cast
@@ -32,6 +33,10 @@ class _KwargsHandler:
         >>> GradScalerKwargs(growth_interval=10).to_kwargs()
         {'growth_interval': 10}
     """
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, copied (Accelerate's `KwargsHandler.to_dict`)."""
+        return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
         default = type(self)()

@@ -30,10 +30,8 @@ class LoaderPosition:
 
 
 _DEFAULTS: dict[str, Any] = {
-    "num_steps": 1,
     "sync_gradients": True,
     "step": 0,
-    "sync_with_dataloader": True,
     "plugin_kwargs": {},
     # Called by a training loader each time it is asked for a batch (preemption, progress); None = nothing to do.
     "boundary_hook": None,
@@ -45,22 +43,29 @@ class GradientState:
 
     Loaders push their position when iteration starts and pop it when it
     ends, so an eval loop nested in a training loop does not clobber the
-    training loader's end-of-epoch flag. A `GradientAccumulationPlugin`, or
-    `num_steps` / `sync_with_dataloader`, updates the shared settings.
+    training loader's end-of-epoch flag.
+
+    The settings live where Accelerate keeps them, in `plugin_kwargs`: the
+    `GradientAccumulationPlugin`'s non-default keywords (its `to_kwargs()`),
+    which libraries read (transformers' Trainer looks up ``sync_each_batch``
+    there); `num_steps`, `sync_with_dataloader` and `adjust_scheduler` read
+    them with Accelerate's defaults. A later plugin with other settings
+    replaces them; hasten's `num_steps` / `sync_with_dataloader` keywords (and
+    setters) write into them.
 
     Example:
         >>> GradientState._reset_state()
         >>> state = GradientState(num_steps=2)
         >>> state.sync_gradients, state.end_of_dataloader, GradientState().num_steps
         (True, False, 2)
+        >>> state.plugin_kwargs
+        {'num_steps': 2}
     """
 
     _shared_state: ClassVar[dict[str, Any]] = {}
 
-    num_steps: int
     sync_gradients: bool
     step: int
-    sync_with_dataloader: bool
     plugin_kwargs: dict[str, Any]
     boundary_hook: Callable[[Any], None] | None
 
@@ -71,10 +76,9 @@ class GradientState:
             self.__dict__.update({k: (dict(v) if isinstance(v, dict) else v) for k, v in _DEFAULTS.items()})
             self._positions: list[LoaderPosition] = []
         if gradient_accumulation_plugin is not None:
-            self.num_steps = gradient_accumulation_plugin.num_steps
-            self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
-            to_kwargs = getattr(gradient_accumulation_plugin, "to_kwargs", None)
-            self.plugin_kwargs = to_kwargs() if to_kwargs is not None else {}
+            given = gradient_accumulation_plugin.to_kwargs()
+            if given != self.plugin_kwargs:  # as Accelerate: a plugin with other settings replaces them
+                self.plugin_kwargs = given
         if num_steps is not None:
             self.num_steps = num_steps
         if sync_with_dataloader is not None:
@@ -84,6 +88,24 @@ class GradientState:
     def initialized(self) -> bool:
         """True once a GradientState was created in this process (and not reset since)."""
         return bool(GradientState._shared_state)
+
+    @property
+    def num_steps(self) -> int:
+        """The number of batches whose gradients are accumulated before the optimizer steps (1 when not set)."""
+        return self.plugin_kwargs.get("num_steps", 1)
+
+    @num_steps.setter
+    def num_steps(self, steps: int) -> None:
+        self.plugin_kwargs["num_steps"] = steps  # in place, as Accelerate's `gradient_accumulation_steps` setter
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether the last batch of a loader always synchronises and restarts the count (True when not set)."""
+        return self.plugin_kwargs.get("sync_with_dataloader", True)
+
+    @sync_with_dataloader.setter
+    def sync_with_dataloader(self, value: bool) -> None:
+        self.plugin_kwargs["sync_with_dataloader"] = value
 
     @property
     def adjust_scheduler(self) -> bool:
