@@ -98,6 +98,11 @@ def read_checkpoint(saveset: SaveSet, path: Path, restore_position: bool,
     names += [f"{CUSTOM_STATE_NAME}_{i}.pkl" for i in range(len(saveset.custom))]
     if saveset.scaler is not None and manifest["contents"].get("scaler"):
         names.append(SCALER_NAME)
+    if manifest.get("shared") is False and names:  # a directory of its own per process; the shared files went elsewhere
+        raise CheckpointError(
+            f"{path} holds only what process(es) {manifest.get('saved_by')} keep for themselves (random state, data "
+            "loader positions): save_state was given a different directory on each process, and the shared files "
+            f"({names[0]}, ...) went to the main process's; pass that directory to load_state on every process.")
     grads_name = f"{GRADIENTS_NAME}_{saveset.process.rank}.safetensors"
     rng_name = f"{RNG_STATE_NAME}_{saveset.process.rank}.pkl"
     own = [name for name in (grads_name, rng_name) if name in manifest["files"]]  # this process's, if it saved
@@ -310,8 +315,11 @@ def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
         path, contents, errors = _read_agreed(saveset, functools.partial(_same, earlier), options)
     if errors:
         raise errors[0]
-    found = all_gather(None if path is None else str(path), n, _OP)
-    if len(set(found)) > 1:
+    # A directory per process is fine where each was saved so (`layout.py`) or by Accelerate, and named explicitly.
+    own = input_dir is not None and contents is not None and (contents.foreign or bool(contents.manifest.get("split")))
+    found = all_gather((None if path is None else str(path), own), n, _OP)
+    if len({where for where, _ in found}) > 1 and not all(own for _, own in found):
+        found = [where for where, _ in found]
         raise CheckpointError(f"the processes found different checkpoints to resume from ({found}); use a shared disk "
                               "or pass the same input_dir on every process.")
     if contents is None:

@@ -3,7 +3,10 @@
 Every process calling `save_state` (the usual case): each writes its part
 into a staging folder, every process's outcome is gathered, the main
 process writes the manifest and renames the folder into place, and an
-error anywhere is raised everywhere.
+error anywhere is raised everywhere. Given a different directory on each
+process (as Accelerate allows), each directory is completed and renamed
+by one of the processes saving into it: the main process's holds the
+shared files, every one its processes' own (`layout.py`).
 
 The main process alone (``if accelerator.is_main_process:
 accelerator.save_state(path)``, as Accelerate allows): where the main
@@ -46,6 +49,7 @@ from .constants import (
 from .failures import FileWriteFailed, write_failure
 from .integrity import Hashes, manifest_hashes
 from .jsonable import encode
+from .layout import SaveLayout, split_layout
 from .model_files import write_weights
 from .project import ProjectConfiguration, checkpoints_root, rotate_checkpoints
 from .saveset import CheckpointEngine, SaveSet, run_save_hooks
@@ -93,23 +97,27 @@ def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serial
                      in_background=async_save)
     # Which save this is: the directory, and the script's lines that called save_state (see handshake.decide).
     site = _user_stack()
-    request: dict[str, Any] = {"dir": None if output_dir is None else os.path.abspath(output_dir), "site": site}
+    writer = process.is_local_main if saveset.project.save_on_each_node else process.is_main  # of the shared files
+    request: dict[str, Any] = {"dir": None if output_dir is None else os.path.abspath(output_dir), "site": site,
+                               "writer": writer}
     if not process.is_main:
         reply = handshake.join(process.rank, request)
         if reply["mode"] == "error":
             raise CheckpointError(reply["error"])
         if reply["mode"] == "alone":  # some other process did not call save_state: the main process saved alone
             return Path(reply["target"])
-        return _save(saveset, Path(reply["target"]), reply["automatic"], safe_serialization, together=True,
-                     iteration=reply["iteration"], in_background=async_save)
+        layout = SaveLayout.from_json(reply["layout"]) if reply.get("layout") else None
+        target = Path(reply["target"] if layout is None else layout.dirs[process.rank])  # with a layout, its own
+        return _save(saveset, target, reply["automatic"], safe_serialization, together=True,
+                     iteration=reply["iteration"], in_background=async_save, layout=layout)
 
     decision = handshake.decide(n, site)
+    layout: SaveLayout | None = None
     try:
-        mismatched = [f"process {r} gave {req['dir'] or 'none (automatic naming)'}"
-                      for r, req in sorted(decision.joined.items()) if req["dir"] != request["dir"]]
-        if mismatched:
-            raise CheckpointError(f"save_state was given {request['dir'] or 'no directory (automatic naming)'} on the "
-                                  f"main process but {', '.join(mismatched)}; pass the same output_dir on every process.")
+        if any(req["dir"] != request["dir"] for req in decision.joined.values()):  # a directory of its own each
+            engine = _ENGINES.get(saveset.engine.name, saveset.engine.name)
+            layout = split_layout({0: request, **decision.joined}, decision.everyone,
+                                  engine if needs_every_process(saveset.engine) else None, async_save)
         target, automatic = target_dir(saveset.project, output_dir)
         if not decision.everyone and needs_every_process(saveset.engine):
             raise CheckpointError(_needs_everyone(saveset.engine, decision))
@@ -119,9 +127,9 @@ def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serial
     iteration = saveset.project.iteration
     if decision.everyone:
         handshake.answer(decision, {"mode": "together", "target": str(target), "automatic": automatic,
-                                    "iteration": iteration})
+                                    "iteration": iteration, "layout": None if layout is None else layout.to_json()})
         return _save(saveset, target, automatic, safe_serialization, together=True, iteration=iteration,
-                     in_background=async_save)
+                     in_background=async_save, layout=layout)
     try:  # the main process alone (the others did not call save_state): written before returning
         path = _save(saveset, target, automatic, safe_serialization, together=False)
     except Exception as failure:
@@ -185,9 +193,13 @@ def _seal(path: Path, name: str, hashes: Hashes | None) -> None:
 
 
 def _captured(saveset: SaveSet, publisher: bool, weights: list[dict[str, torch.Tensor]],
-              optimizer_states: list[dict[str, Any]], take: Callable[[Any], Any] = lambda value: value
-              ) -> list[tuple[str, str, Any]]:
+              optimizer_states: list[dict[str, Any]], take: Callable[[Any], Any] = lambda value: value,
+              loader_states: bool | None = None) -> list[tuple[str, str, Any]]:
     """What this process writes besides sharded engine files, as (kind, name, value) in write order.
+
+    `publisher`: it writes the shared files; `loader_states` (default: the
+    same): it writes the torchdata loaders' states (each directory's own when
+    every process saves into its own directory).
 
     `take`: how each value is kept (an asynchronous save's `Snapshot.take`:
     a deep copy, which keeps tensors that share storage sharing it, so the
@@ -206,6 +218,7 @@ def _captured(saveset: SaveSet, publisher: bool, weights: list[dict[str, torch.T
             items.append(("object", SCALER_NAME, take(saveset.scaler.state_dict())))
         for i, obj in enumerate(saveset.custom):
             items.append(("object", f"{CUSTOM_STATE_NAME}_{i}.pkl", take(obj.state_dict())))
+    if publisher if loader_states is None else loader_states:
         for i, loader in enumerate(saveset.dataloaders):  # Accelerate's file for a torchdata-backed loader
             if loader.use_stateful_dataloader:
                 items.append(("object", indexed_name(LOADER_STATE_NAME, i), take(loader.state_dict())))
@@ -256,7 +269,8 @@ def _finish_shards(strategy: CheckpointEngine, staging: Path, shards: Callable[[
 
 
 def _write_files(saveset: SaveSet, staging: Path, publisher: bool, weights: list[dict[str, torch.Tensor]],
-                 optimizer_states: list[dict[str, Any]], safe: bool, hashes: Hashes | None) -> dict[str, int]:
+                 optimizer_states: list[dict[str, Any]], safe: bool, hashes: Hashes | None,
+                 loader_states: bool) -> dict[str, int]:
     """This process's files (the publisher writes the shared ones); returns {name: size}, and hashes them."""
     strategy = saveset.engine
     files: dict[str, int] = {}
@@ -270,16 +284,18 @@ def _write_files(saveset: SaveSet, staging: Path, publisher: bool, weights: list
         for name in written:
             if hashes is not None:
                 hashes.add(name, staging / name)
-    files.update(_write_captured(staging, _captured(saveset, publisher, weights, optimizer_states), safe,
-                                 hashes))
+    files.update(_write_captured(staging, _captured(saveset, publisher, weights, optimizer_states,
+                                                    loader_states=loader_states), safe, hashes))
     return files
 
 
 def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: bool, together: bool,
-          iteration: int | None = None, in_background: bool = False) -> Path | background.AsyncSave:
+          iteration: int | None = None, in_background: bool = False,
+          layout: SaveLayout | None = None) -> Path | background.AsyncSave:
     """Write and publish `target`; `together`: every process takes part (and agrees), else this process alone.
 
     `in_background`: copy the state, then write and publish on a writer thread (`background.py`); returns its handle.
+    `layout`: every process saves into a directory of its own (`layout.py`); `target` is this process's.
     """
     process = saveset.process
     n = process.world if together else 1  # the processes that take part
@@ -289,8 +305,11 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         publisher = True
     else:
         publisher = process.is_local_main if config.save_on_each_node else process.is_main
+    # Who stages, completes and renames this process's directory, and whose files it holds.
+    committer = publisher if layout is None else layout.is_committer(process.rank)
+    group = (list(range(n)) if together else [process.rank]) if layout is None else layout.group(process.rank)
     error: str | CheckpointError | None = None
-    if publisher:
+    if committer:
         try:
             begin_staging(target)
         except CheckpointError as failure:
@@ -310,7 +329,7 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
     manifest = {
         "iteration": iteration if automatic else None,
         "num_processes": process.world,
-        "saved_by": list(range(process.world)) if together else [process.rank],
+        "saved_by": group,
         "step": saveset.counter.step,
         "gradient_accumulation_steps": getattr(saveset.counter, "num_steps", None),
         "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(saveset.optimizers),
@@ -320,15 +339,18 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         # each loader's own position (a torchdata-backed loader's state_dict is torchdata's: not this)
         "dataloaders": [encode(loader.position_state()) for loader in saveset.dataloaders],
     }
+    if layout is not None:  # a directory per process: this one holds the shared files, or its processes' own only
+        manifest.update(split=True, shared=layout.holds_shared(process.rank))
     if saveset.notes is not None:
         manifest["run"] = saveset.notes()
 
     def publish_outcome(reports: list[tuple[Any, dict[str, int], dict[str, str]]]) -> str | CheckpointError | None:
         """The publisher's part once every process reported: manifest, rename, rotation; the first error, if any."""
-        first_error = next((e for e, _, _ in reports if e is not None), None)
-        if first_error is None and publisher:
-            all_files = {name: size for _, part, _ in reports for name, size in part.items()}
-            all_digests = {name: digest for _, _, part in reports for name, digest in part.items()}
+        first_error = next((e for e, _, _ in reports if e is not None), None)  # any process's: none is published
+        if first_error is None and committer:
+            mine = reports if layout is None else [reports[rank] for rank in group]  # the files in this directory
+            all_files = {name: size for _, part, _ in mine for name, size in part.items()}
+            all_digests = {name: digest for _, _, part in mine for name, digest in part.items()}
             try:
                 write_manifest(staging, {**manifest, "files": all_files,
                                          **({"hashes": manifest_hashes(all_digests)} if integrity.ENABLED else {})})
@@ -337,7 +359,7 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
                 first_error = write_failure(failure, target, automatic, process.rank, MANIFEST_NAME)
         if first_error is not None:
             shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, is untouched
-        elif automatic and publisher:
+        elif automatic and committer:
             rotate_checkpoints(target.parent, config.total_limit, keep=target)
         return first_error
 
@@ -349,7 +371,8 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         hashes = Hashes() if integrity.ENABLED else None
         try:
             if items is None:
-                files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization, hashes)
+                files = _write_files(saveset, staging, publisher, weights, optimizer_states, safe_serialization, hashes,
+                                     loader_states=committer)
             else:
                 if snapshot is not None:
                     snapshot.finish()  # the parameters and optimizer state, copied before anything is written
