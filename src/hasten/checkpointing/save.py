@@ -81,9 +81,12 @@ def target_dir(config: ProjectConfiguration, output_dir: str | None) -> tuple[Pa
 
 
 def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serialization: bool = True,
-                    async_save: bool = False) -> Path | background.AsyncSave:
+                    async_save: bool = False, everyone: bool = False) -> Path | background.AsyncSave:
     """Write a complete, atomically published checkpoint of `saveset`; returns its path (see the module doc for who writes what).
 
+    `everyone`: the caller knows every process calls this at the same point (hasten's periodic and preemption
+    saves), so the main process need not learn who takes part (`handshake.py`): a process that is gone makes the
+    save fail at once instead of after the handshake's grace.
     `async_save`: return once the state is copied; the writing and publishing
     go on in the background and the returned path is also a
     `background.AsyncSave` handle (`wait()`). A save waits for this
@@ -95,6 +98,15 @@ def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serial
     if n == 1:
         return _save(saveset, *target_dir(saveset.project, output_dir), safe_serialization, together=False,
                      in_background=async_save)
+    if everyone:  # hasten's own saves (periodic, preemption): every process is here, no need to ask who takes part
+        error: str | CheckpointError | None = None
+        try:
+            target, automatic = target_dir(saveset.project, output_dir)
+        except ValueError as failure:  # CheckpointError too
+            error = failure if isinstance(failure, CheckpointError) else str(failure)
+        agree(error, n, _OP)
+        return _save(saveset, target, automatic, safe_serialization, together=True,
+                     iteration=saveset.project.iteration, in_background=async_save)
     # Which save this is: the directory, and the script's lines that called save_state (see handshake.decide).
     site = _user_stack()
     writer = process.is_local_main if saveset.project.save_on_each_node else process.is_main  # of the shared files
