@@ -67,12 +67,12 @@ class _SaveState:
             raise RuntimeError("the Accelerator this preemption watch saves is gone; nothing can be saved.")
         if self.in_background:
             try:
-                return owner.save_state(async_save=True)
+                return owner._save_everywhere(in_background=True)
             except CheckpointError as refused:
                 if "async_save" not in str(refused):  # an engine that saves only in the foreground (DeepSpeed)
                     raise
                 self.in_background = False
-        return owner.save_state()
+        return owner._save_everywhere(in_background=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self._owner(), self.in_background)
@@ -260,6 +260,13 @@ class CheckpointPart:
         path = save_checkpoint(self._save_set(), None if output_dir is None else os.fspath(output_dir),
                                safe_serialization, async_save=async_save)
         return path if isinstance(path, str) else str(path)  # an asynchronous save's handle is a str already
+
+    def _save_everywhere(self, in_background: bool) -> str:
+        """hasten's own automatic save (periodic, preemption): every process calls it at the same batch boundary."""
+        from ..checkpointing.save import save_checkpoint
+
+        path = save_checkpoint(self._save_set(), None, True, async_save=in_background, everyone=True)
+        return path if isinstance(path, str) else str(path)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, load_kwargs: dict[str, Any] | None = None,
                    **load_model_func_kwargs: Any) -> str | None:

@@ -193,9 +193,10 @@ def report_reformation(owner: Any, run: ElasticRun, saved: dict[str, Any] | None
     if found is None:
         return
     line, record = found
-    owner.state.print(f"hasten: {line}.")
-    if owner.state.is_main_process and project_dir:
-        with contextlib.suppress(OSError):
-            (Path(project_dir) / REACHED_FILE).unlink()
+    if owner.state.is_main_process:  # one line for the run (Accelerate's print is one per machine)
+        print(f"hasten: {line}.", flush=True)
+        if project_dir:
+            with contextlib.suppress(OSError):
+                (Path(project_dir) / REACHED_FILE).unlink()
     # on the trackers' step axis at the furthest step the run has reached, so the axis never goes backwards
     owner._log_elastic_record(record, step=int(record["elastic/resumed_step"]) + int(record["elastic/steps_redone"]))

@@ -261,6 +261,10 @@ class LaunchPlan:
             env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         if self.elastic:  # who left or joined, in the line a re-formation prints
             env[MACHINE_ENV] = f"{socket.gethostname()}/{self.machine_rank}"
+            # torch's agents share the rendezvous TCPStore with the workers and keep the bootstrap address of their
+            # first round: an agent that was rank 0 before does not publish it in a later round, and a machine that
+            # joins waits for it until its timeout (torch 2.13). Unshared, rank 0 publishes it in every round.
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         if self.function is not None:
             # torch.cuda.is_available() via NVML: asking the driver would initialise CUDA in the forking process.
             env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"

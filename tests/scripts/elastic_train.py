@@ -1,0 +1,106 @@
+"""An ordinary training script that does what an automatic restart needs, run elastically as is.
+
+usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS]]
+  ENGINE  ddp | fsdp (FSDP2, sharded checkpoints) | z2 (DeepSpeed ZeRO-2)
+
+It resumes with `load_state()` at the start and saves through hasten's periodic checkpoints (every 2 optimizer
+steps, in the background); nothing in it knows about elasticity. Each sample carries its index. After every
+optimizer step each process appends one JSON line to OUT_DIR/steps.rank<R>.pid<PID>.jsonl: the optimizer step
+(counted by a registered object, so it survives a resume), the group's size, the accumulation, the learning rate
+and the indices this process trained on in that step. The main process writes the final parameters to
+OUT_DIR/final.safetensors.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration, set_seed
+
+SAMPLES, BATCH = 96, 4  # at 2 processes: global batch 8, 12 optimizer steps an epoch
+
+
+class StepCount:
+    """The script's own count of optimizer steps, checkpointed with everything else."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def state_dict(self) -> dict:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done = int(state["done"])
+
+
+def plugins(engine: str) -> dict:
+    if engine == "fsdp":
+        from hasten import FullyShardedDataParallelPlugin
+
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT")}
+    if engine == "z2":
+        from hasten.utils.deepspeed import DeepSpeedPlugin
+
+        return {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=2)}
+    return {}
+
+
+def main() -> None:
+    out, engine = Path(sys.argv[1]), sys.argv[2]
+    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    set_seed(0)
+    accelerator = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+        project_config=ProjectConfiguration(str(out / "project"), automatic_checkpoint_naming=True, total_limit=3,
+                                            save_every_n_steps=2),
+        **plugins(engine))
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(SAMPLES, 6, generator=generator)
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin(), torch.arange(SAMPLES))
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    total = epochs * SAMPLES // (BATCH * 2)  # optimizer steps at 2 processes, the run's recipe
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / (total * 2 + 1))
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(5))
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    count = StepCount()
+    accelerator.register_for_checkpointing(count)
+    accelerator.load_state()  # the newest complete checkpoint, at whatever size the group has now
+    log = out / f"steps.rank{accelerator.process_index}.pid{os.getpid()}.jsonl"
+    seen: list[int] = []
+    start_epoch = loader.epoch if hasattr(loader, "epoch") else 0
+    for _ in range(start_epoch, epochs):
+        for inputs, targets, index in loader:
+            with accelerator.accumulate(model):
+                loss = nn.functional.mse_loss(model(inputs), targets)
+                accelerator.backward(loss)
+                seen += index.tolist()
+                lr = scheduler.get_last_lr()[0]
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                count.done += 1
+                with log.open("a") as file:
+                    file.write(json.dumps({"step": count.done, "world": accelerator.num_processes,
+                                           "accumulation": accelerator.gradient_accumulation_steps, "lr": lr,
+                                           "loss": loss.item(), "seen": seen, "time": time.time()}) + "\n")
+                seen = []
+                time.sleep(pause)
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(out / "final.safetensors"))
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()
