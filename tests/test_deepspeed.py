@@ -21,6 +21,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from conftest import SCRIPTS, launch, run_with_timeout  # noqa: E402
 from hasten import Accelerator  # noqa: E402
+from hasten.state import AcceleratorState  # noqa: E402
 from hasten.utils.deepspeed import DeepSpeedConfigError, DeepSpeedPlugin, DummyOptim, DummyScheduler  # noqa: E402
 
 SCRIPT = "ds_train.py"
@@ -30,6 +31,14 @@ ZERO_RUNS = {"z1": ("1", "1", "a1"), "z2": ("2", "1", "a1"), "z3": ("3", "1", "a
              "z2a3": ("2", "3", "a3"), "z3a3": ("3", "3", "a3"), "launch": ("launch", "1", "a1")}
 CHECKPOINT_STAGES = ("2", "3")
 SAVE_AT = 5  # micro-batches before the checkpoint (mid-epoch: 8 batches per epoch)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_run_state():
+    """A DeepSpeed Accelerator's plugin is shared by every later Accelerator of the process (as in Accelerate, whose
+    test cases reset the state after each test): forget it after each test."""
+    yield
+    AcceleratorState._reset_state()
 
 
 def _load(path):
@@ -131,6 +140,7 @@ def test_config_accumulation_fills_the_accelerator_default():
     assert accelerator.gradient_accumulation_steps == 4
     assert accelerator.state.deepspeed_plugin is plugin and accelerator.distributed_type.value == "DEEPSPEED"
     # an explicit 1 is a choice, not a default: it must agree with the file
+    AcceleratorState._reset_state()  # (a later Accelerator would share the plugin above, as in Accelerate)
     with pytest.raises(DeepSpeedConfigError, match="gradient_accumulation_steps"):
         Accelerator(cpu=True, gradient_accumulation_steps=1,
                     deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2},
@@ -148,10 +158,13 @@ def test_plugin_field_contradicting_file_is_an_error():
         DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 1}}, zero_stage=3)
 
 
-def test_model_without_optimizer_is_a_clear_error():
+def test_model_without_optimizer_below_zero3_is_a_clear_error():
+    # ZeRO-3 makes a forward-only engine of a model alone (tests/test_deepspeed_multi.py); stages 1-2 need an optimizer
     accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
-    with pytest.raises(ValueError, match="set up together.*accelerator.prepare\\(model, optimizer"):
+    with pytest.raises(ValueError, match="without an optimizer under a ZeRO stage 2 .*pass its optimizer too"):
         accelerator.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="an optimizer alone.*accelerator.prepare\\(model, optimizer"):
+        accelerator.prepare(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
 
 
 def test_auto_values_filled_from_accelerator_and_objects(tmp_path):

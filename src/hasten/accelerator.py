@@ -16,7 +16,7 @@ import contextlib
 import gc
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
 import torch
 from torch import nn
@@ -49,7 +49,7 @@ from .options import (
 from .process.group import shutdown_process_group
 from .runtime.optimizer import AcceleratedOptimizer
 from .runtime.scheduler import SchedulerKwargs
-from .runtime.accelerator_state import AcceleratorState
+from .runtime.accelerator_state import AcceleratorState, activate_deepspeed_plugins, shared_deepspeed_plugins
 from .strategies.select import select_strategy
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
     from .strategies.parallel.tp_size import TorchTensorParallelPlugin
 
 __all__ = ["Accelerator"]
+
+_DeepSpeedPlugins = Union["DeepSpeedPlugin", "dict[str, DeepSpeedPlugin]"]  # one, or Accelerate's named ones
 
 # Names Accelerate's accelerator module has, which its tests patch there (the check itself is big_modeling/quantized.py):
 # looked up on first use, so `from hasten import Accelerator` does not load the availability probes.
@@ -75,21 +77,29 @@ def __getattr__(name: str) -> Any:
 
 _UNSUPPORTED = {
     "megatron_lm_plugin": "Megatron-LM, which needs NVIDIA GPUs and the megatron-core package",
-    "deepspeed_plugins": "several DeepSpeed plugins in one Accelerator (pass one as deepspeed_plugin=)",
 }
 
 
-def _one_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
-    """The DeepSpeed plugin to run: `deepspeed_plugin`, or `deepspeed_plugins`; either may be Accelerate's dict of
-    named plugins, which must hold exactly one here (hasten runs one engine configuration)."""
+def _given_deepspeed_plugins(deepspeed_plugin: Any, deepspeed_plugins: Any) -> tuple[Any, bool]:
+    """(one plugin or Accelerate's dict of named ones, or None; whether they are this Accelerator's own).
+
+    `deepspeed_plugin` and `deepspeed_plugins` are aliases. As in Accelerate,
+    an Accelerator given none shares the plugins of the process's DeepSpeed
+    Accelerator (a second Accelerator trains a second model under them), and
+    may not be given new ones.
+    """
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both.")
     given = deepspeed_plugin if deepspeed_plugin is not None else deepspeed_plugins
-    if isinstance(given, dict):
-        if len(given) != 1:
-            _refuse_unsupported({"deepspeed_plugins": given})
-        return next(iter(given.values()))
-    return given
+    shared = shared_deepspeed_plugins()
+    if given is None:
+        return shared, shared is None
+    if shared is not None:
+        raise NotImplementedError("an Accelerator of this process already runs DeepSpeed, whose plugins every later "
+                                  "Accelerator shares; create this one without deepspeed_plugin(s) (select among named "
+                                  "ones with accelerator.state.select_deepspeed_plugin(name)), or call "
+                                  "AcceleratorState._reset_state() first to start over.")
+    return given, True
 
 
 _SYNC_STEP = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -111,8 +121,8 @@ def _first_given(*values: Any) -> Any:
     return next(v for v in values if v is not None)
 
 
-def _engine_plugins(fsdp_plugin: FullyShardedDataParallelPlugin | None, deepspeed_plugin: DeepSpeedPlugin | None,
-                    spec: LaunchSpec) -> tuple[FullyShardedDataParallelPlugin | None, DeepSpeedPlugin | None]:
+def _engine_plugins(fsdp_plugin: FullyShardedDataParallelPlugin | None, deepspeed_plugin: _DeepSpeedPlugins | None,
+                    spec: LaunchSpec) -> tuple[FullyShardedDataParallelPlugin | None, _DeepSpeedPlugins | None]:
     """The FSDP / DeepSpeed plugins: the ones passed, else the ones `hasten launch` decoded from flags or the config file."""
     if fsdp_plugin is None and spec.fsdp is not None:
         from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
@@ -196,7 +206,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
         log_with: Any = None,
-        deepspeed_plugin: DeepSpeedPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
         parallelism_config: ParallelismConfig | None = None,
         dynamo_backend: DynamoBackend | str | None = None,
@@ -208,10 +218,11 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         **unsupported: Any,
     ) -> None:
         _refuse_unsupported({**unsupported, "megatron_lm_plugin": megatron_lm_plugin})
-        named_plugins = next((p for p in (deepspeed_plugin, deepspeed_plugins) if isinstance(p, dict)), None)
-        deepspeed_plugin = _one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        deepspeed_plugin, own_plugins = _given_deepspeed_plugins(deepspeed_plugin, deepspeed_plugins)
         spec = LaunchSpec.current()  # what `hasten launch` passed: the fallback for every argument left as None
         fsdp_plugin, deepspeed_plugin = _engine_plugins(fsdp_plugin, deepspeed_plugin, spec)
+        if deepspeed_plugin is not None and own_plugins:  # Accelerate's start: the (first) plugin is the active one
+            activate_deepspeed_plugins(deepspeed_plugin)
         handlers = _Handlers.split(kwargs_handlers)
         # Who and where: the process group and this process's device.
         self.state = AcceleratorState(cpu=cpu, backend=handlers.process_group.backend, timeout=handlers.process_group.timeout)
@@ -272,8 +283,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self.precision = self.strategy.precision
         self.scaler = self.precision.scaler
         self.state._record(distributed_type=self.strategy.distributed_type, mixed_precision=self.precision.name,
-                           fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, parallelism_config=parallelism_config,
-                           deepspeed_plugins=named_plugins if named_plugins is not None else deepspeed_plugin,
+                           fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config, deepspeed_plugins=deepspeed_plugin,
                            dynamo_plugin=self.dynamo_plugin)
         self._init_prepared()  # what prepare returns, remembered in order
         self._init_checkpoints()  # last: registered objects, hooks, the batch-boundary watch (a collective)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from hasten import Accelerator, DeepSpeedPlugin, set_seed
+from hasten.state import AcceleratorState
 
 
 def run(out: Path, stage: int, precision: str) -> None:
@@ -35,6 +36,7 @@ def run(out: Path, stage: int, precision: str) -> None:
         (out / f"{precision}.json").write_text(json.dumps({"losses": losses, "dtype": dtype}))
     accelerator.wait_for_everyone()
     accelerator.free_memory()
+    AcceleratorState._reset_state()  # a later Accelerator would share this one's plugin (as in Accelerate)
 
 
 def main() -> None:

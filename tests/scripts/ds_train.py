@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration, set_seed
+from hasten.state import AcceleratorState
 from hasten.utils.deepspeed import DeepSpeedPlugin
 from hasten.scheduler import SchedulerKwargs
 
@@ -119,6 +120,7 @@ def main() -> None:
             info["micro_batches"] = train_steps(accelerator, model, optimizer, loader, scheduler, info)
             finish(accelerator, model, out_dir, name, info, init)
             accelerator.free_memory()
+            AcceleratorState._reset_state()  # a later Accelerator would share this one's plugin
     elif mode == "resume":
         for stage in sys.argv[3:]:
             accelerator, plugin, model, optimizer, loader, scheduler, _ = build(stage, 1, stateful=True)
@@ -127,6 +129,7 @@ def main() -> None:
             train_steps(accelerator, model, optimizer, loader, scheduler, info)
             finish(accelerator, model, out_dir, f"resumed_{stage}", info)
             accelerator.free_memory()
+            AcceleratorState._reset_state()  # a later Accelerator would share this one's plugin
     from hasten.state import shutdown_process_group
 
     shutdown_process_group()
@@ -145,6 +148,7 @@ def run_with_checkpoint(out_dir: Path, stage: str, save_at: int) -> None:
     train_steps(accelerator, model, optimizer, loader, scheduler, info, on_step=save)
     finish(accelerator, model, out_dir, f"uninterrupted_{stage}", info)
     accelerator.free_memory()
+    AcceleratorState._reset_state()  # a later Accelerator would share this one's plugin
 
 
 if __name__ == "__main__":

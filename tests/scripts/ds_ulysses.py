@@ -23,6 +23,7 @@ from hasten import Accelerator
 from hasten.parallelism_config import ParallelismConfig
 from hasten.utils import DeepSpeedSequenceParallelConfig, set_seed
 from hasten.utils.deepspeed import DeepSpeedPlugin
+from hasten.state import AcceleratorState
 from hasten.strategies.deepspeed.ulysses import sequence_parallel_loss
 
 SEQ, SAMPLES, BATCH, PROMPT, LR, CLIP = 16, 8, 2, 5, 1e-3, 1.0
@@ -105,6 +106,7 @@ def main(out: Path, stage: int) -> None:
               "mesh": accelerator.torch_device_mesh is None,
               "train_batch_size": accelerator.strategy.engine_config["train_batch_size"]}
     accelerator.free_memory()
+    AcceleratorState._reset_state()  # the resumed run's Accelerator has a plugin of its own (as Accelerate asks)
     record["resumed_losses"], resumed_state = resumed(out, stage)
     record["resumed_bitwise"] = all(torch.equal(resumed_state[k], state[k]) for k in state)
     record["resumed_diff"] = max((resumed_state[k].float() - state[k].float()).abs().max().item() for k in state)

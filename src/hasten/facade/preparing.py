@@ -229,10 +229,9 @@ class PreparePart:
         # A model is set up for training unless the user asked not to place it (and nothing needs wrapping).
         trained = [(self.device_placement if p is None else p) or self.state.use_distributed for p in placements]
         to_wrap = [model for model, train in zip(models, trained) if train]
-        if strategy.requires_joint_setup and (to_wrap or optimizers) and not (to_wrap and optimizers):
-            given = "a model" if to_wrap else "an optimizer"
+        if strategy.requires_joint_setup and optimizers and not to_wrap:  # a model alone is the strategy's to judge
             raise ValueError(
-                f"under {strategy.name} the model and its optimizer are set up together, but prepare got {given} alone; "
+                f"under {strategy.name} an optimizer is set up with its model, but prepare got an optimizer alone; "
                 "pass them in the same call: accelerator.prepare(model, optimizer, ...)."
             )
         config = self.state.parallelism_config

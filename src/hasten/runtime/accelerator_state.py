@@ -12,7 +12,7 @@ from typing import Any
 
 from .state import PartialState, _partial_facts
 
-__all__ = ["AcceleratorState", "is_initialized"]
+__all__ = ["AcceleratorState", "is_initialized", "shared_deepspeed_plugins", "activate_deepspeed_plugins"]
 
 # The run's decisions (strategy, precision, plugins): the facts `AcceleratorState()` reports when third-party
 # code creates one on its own, as peer libraries do. Two levels, as in the peer: `AcceleratorState._reset_state()`
@@ -143,12 +143,55 @@ class AcceleratorState(PartialState):
 
     @property
     def deepspeed_plugin(self) -> Any:
-        return self._fact("deepspeed_plugin")
+        """The active `DeepSpeedPlugin`: of named ones the selected one (the first until another is selected); None
+        when the run is not DeepSpeed."""
+        plugins = self.deepspeed_plugins
+        if plugins is None or self.distributed_type != "DEEPSPEED":
+            return None
+        if not isinstance(plugins, dict):
+            return plugins
+        return next((plugin for plugin in plugins.values() if plugin.selected), None)
 
     @property
     def deepspeed_plugins(self) -> Any:
         """The DeepSpeed plugin(s) the Accelerator was given: one plugin, or a dict of named ones (None without)."""
         return self._fact("deepspeed_plugins", self._fact("deepspeed_plugin"))
+
+    def _named_plugins(self, call: str) -> dict[str, Any]:
+        if self.distributed_type != "DEEPSPEED":
+            raise ValueError(f"{call} needs DeepSpeed, which is not enabled: configure the Accelerator for deepspeed "
+                             "(deepspeed_plugins={...} or --use_deepspeed) before calling it.")
+        plugins = self.deepspeed_plugins
+        return plugins if isinstance(plugins, dict) else {}
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The `DeepSpeedPlugin` the Accelerator was given under `name` (``deepspeed_plugins={name: plugin, ...}``).
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).state.get_deepspeed_plugin("student")
+            Traceback (most recent call last):
+            ...
+            ValueError: get_deepspeed_plugin needs DeepSpeed, which is not enabled: configure the Accelerator for deepspeed (deepspeed_plugins={...} or --use_deepspeed) before calling it.
+        """
+        return _named(self._named_plugins("get_deepspeed_plugin"), name)
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin named `name` the active one: models prepared from now on are set up under it.
+
+        Example:
+            >>> from hasten import Accelerator
+            >>> Accelerator(cpu=True).state.select_deepspeed_plugin("teacher")
+            Traceback (most recent call last):
+            ...
+            ValueError: select_deepspeed_plugin needs DeepSpeed, which is not enabled: configure the Accelerator for deepspeed (deepspeed_plugins={...} or --use_deepspeed) before calling it.
+        """
+        plugins = self._named_plugins("select_deepspeed_plugin")
+        chosen = _named(plugins, name)
+        for plugin in plugins.values():
+            if plugin is not chosen:
+                plugin._unselect()
+        chosen.select(_from_accelerator_state=True)
 
     @property
     def fsdp_plugin(self) -> Any:
@@ -189,6 +232,13 @@ class AcceleratorState(PartialState):
                 f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision!r})")
 
 
+def _named(plugins: dict[str, Any], name: str | None) -> Any:
+    if name not in plugins:
+        raise KeyError(f"no DeepSpeedPlugin is named {name!r}; the Accelerator's named plugins are {sorted(plugins)} "
+                       "(pass deepspeed_plugins={name: DeepSpeedPlugin(...), ...} to name them).")
+    return plugins[name]
+
+
 def _guarded(name: str) -> property:
     """A `PartialState` property that, on an Accelerator's state, first checks the state was not reset."""
     base = getattr(PartialState, name)
@@ -204,6 +254,37 @@ def _guarded(name: str) -> property:
 # there they are asked of PartialState; the numbers themselves are the reset state's.
 for _name in ("num_processes", "process_index", "local_process_index"):
     setattr(AcceleratorState, _name, _guarded(_name))
+
+
+def shared_deepspeed_plugins() -> Any:
+    """The DeepSpeed plugin(s) of the process's newest Accelerator, if it runs DeepSpeed: an `Accelerator()` given none
+    shares them, as in Accelerate (a second Accelerator trains a second model under them); None otherwise.
+
+    Example:
+        >>> AcceleratorState._reset_state(); shared_deepspeed_plugins() is None
+        True
+    """
+    return _run_facts.get("deepspeed_plugins") if _run_facts.get("distributed_type") == "DEEPSPEED" else None
+
+
+def activate_deepspeed_plugins(plugins: Any) -> None:
+    """A new Accelerator's start, as Accelerate's: its one plugin, or the first of its named ones, is selected.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> class Plugin(SimpleNamespace):
+        ...     def select(self, _from_accelerator_state=False): self.selected = True
+        ...     def _unselect(self): self.selected = False
+        >>> student, teacher = Plugin(selected=False), Plugin(selected=True)
+        >>> activate_deepspeed_plugins({"student": student, "teacher": teacher}); student.selected, teacher.selected
+        (True, False)
+    """
+    given = list(plugins.values()) if isinstance(plugins, dict) else [plugins]
+    if not given or not all(callable(getattr(plugin, "select", None)) for plugin in given):
+        return  # not plugins: the strategy refuses them, saying what it got
+    for plugin in given[1:]:
+        plugin._unselect()
+    given[0].select(_from_accelerator_state=True)
 
 
 def is_initialized() -> bool:

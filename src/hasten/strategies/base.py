@@ -85,7 +85,7 @@ class Strategy:
     """
 
     name: ClassVar[str] = "single"
-    #: True when set-up needs every model and its optimizer in the same `prepare` call.
+    #: True when an optimizer needs its model in the same `prepare` call (a model alone is the strategy's to refuse).
     requires_joint_setup: ClassVar[bool] = False
     #: True when the strategy writes models and optimizers into checkpoints itself (sharded files).
     writes_own_checkpoint_files: ClassVar[bool] = False

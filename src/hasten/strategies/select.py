@@ -27,7 +27,7 @@ def select_strategy(
     ddp_comm_hook: Callable[[nn.Module], None] | None = None,
     scaler_kwargs: dict[str, Any] | None = None,
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
-    deepspeed_plugin: DeepSpeedPlugin | None = None,
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
     parallelism_config: ParallelismConfig | None = None,
     gradient_state: AccumulationState | None = None,
     sync_each_batch: bool = False,
@@ -35,7 +35,7 @@ def select_strategy(
 ) -> Strategy:
     """Choose the strategy and its precision together, once.
 
-    DeepSpeed when a `DeepSpeedPlugin` is given, FSDP2 for an FSDP plugin or a
+    DeepSpeed when a `DeepSpeedPlugin` (or a dict of named ones) is given, FSDP2 for an FSDP plugin or a
     `ParallelismConfig` that shards or splits tensors, else DDP for several
     processes and a single device for one. (The sharded engines are imported
     only when chosen.)

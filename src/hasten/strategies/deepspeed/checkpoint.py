@@ -15,6 +15,11 @@ engine). A run with another number of processes reads every saved shard,
 puts each parameter's master weights and optimizer state back together
 by name, and cuts them along its own engine's layout (`reshard`) — what
 DeepSpeed's universal checkpoint does offline, done at load time.
+
+A model that no optimizer trains (an engine that only runs forward, such as
+a frozen teacher under ZeRO-3, or a model left unwrapped) has no master
+partition: its full weights are saved instead, gathered one parameter at a
+time (`gather_weights`), and load on any number of processes.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["save_shard", "read_shard", "check_shard", "reshard", "apply_shard"]
+__all__ = ["save_shard", "read_shard", "check_shard", "reshard", "apply_shard", "gather_weights", "save_weights",
+           "read_weights", "apply_weights"]
 
 FORMAT_VERSION = 1
 _COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
@@ -263,3 +269,75 @@ def apply_shard(engine: Any, shard: dict[str, Any], extras: dict[str, torch.Tens
         for name, value in extras.items():
             if name in buffers:
                 buffers[name].copy_(value)
+
+
+# -- models no optimizer trains: full weights -------------------------------------------------------------------------
+def _parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return dict(module.named_parameters(remove_duplicate=False))  # tied weights under each of their names
+
+
+def _gathered(param: torch.Tensor, modifier_rank: int | None = None) -> Any:
+    """ZeRO-3's gather of one partitioned parameter (whole on every process inside), else nothing to do."""
+    import contextlib
+
+    if not hasattr(param, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=modifier_rank)
+
+
+def gather_weights(module: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """`module`'s full state dict on the CPU where `keep`, gathered one parameter at a time under ZeRO-3 (so at
+    most one whole parameter is added to each process's memory); every process must call it, in the same order."""
+    params = _parameters(module)
+    weights: dict[str, torch.Tensor] = {}
+    for name, value in module.state_dict(keep_vars=True).items():
+        with _gathered(params.get(name, value)):
+            if keep:
+                weights[name] = params.get(name, value).detach().to("cpu", copy=True)
+    return weights
+
+
+def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Write what `gather_weights` returned (the caller fsyncs)."""
+    torch.save({"format": FORMAT_VERSION, "weights": weights}, path)
+
+
+def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(getattr(tensor, "ds_shape", tensor.shape))
+
+
+def read_weights(path: Path, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Read and check a model's full weights for `module` (memory-mapped); raises `ValueError` naming what does not fit."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{path.name} holds Python objects that hasten does not unpickle ({error}); "
+                         "it was not written by hasten's DeepSpeed strategy.") from None
+    except FileNotFoundError:
+        raise ValueError(f"{path.name} is missing: the checkpoint saved this model with its optimizer (or not at all); "
+                         "prepare the models in the order and way the saving run did.") from None
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{path.name} is not a hasten DeepSpeed weights file of format {FORMAT_VERSION}.")
+    weights = saved["weights"]
+    live = module.state_dict(keep_vars=True)
+    if set(weights) != set(live):
+        differ = sorted(set(weights).symmetric_difference(live))
+        raise ValueError(f"{path.name} does not fit the model: the names {differ[:3]} are in only one of them.")
+    shapes = {name: _full_shape(_parameters(module).get(name, value)) for name, value in live.items()}
+    wrong = [name for name, value in weights.items() if tuple(value.shape) != shapes[name]]
+    if wrong:
+        raise ValueError(f"{path.name} does not fit the model: {wrong[0]} was saved with shape "
+                         f"{tuple(weights[wrong[0]].shape)}, the model has {shapes[wrong[0]]}.")
+    return weights
+
+
+def apply_weights(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy checked full weights into `module`, one parameter at a time under ZeRO-3 (every process calls it)."""
+    params = _parameters(module)
+    with torch.no_grad():
+        for name, value in module.state_dict(keep_vars=True).items():
+            target = params.get(name, value)
+            with _gathered(target, modifier_rank=0):  # process 0's copy is partitioned again on leaving
+                target.copy_(weights[name])

@@ -45,8 +45,12 @@ def get_active_deepspeed_plugin(state: Any) -> Any:
     plugins = getattr(state, "deepspeed_plugins", None)
     if not isinstance(plugins, dict):
         return plugins
-    # Several named plugins: the selected one (a plugin without the flag counts as selected; the first wins).
-    return next(plugin for plugin in plugins.values() if getattr(plugin, "selected", True))
+    # Several named plugins: the selected one (`accelerator.state.select_deepspeed_plugin(name)`).
+    active = next((plugin for plugin in plugins.values() if getattr(plugin, "selected", False)), None)
+    if active is None:
+        raise ValueError(f"none of the named DeepSpeed plugins {sorted(plugins)} is selected; select one with "
+                         "accelerator.state.select_deepspeed_plugin(name).")
+    return active
 
 
 def deepspeed_required(func: Callable[..., Any]) -> Callable[..., Any]:

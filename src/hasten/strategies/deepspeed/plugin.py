@@ -38,6 +38,12 @@ _PLUGIN_TO_CONFIG = {
 }
 
 
+def _engine_dtype(mixed_precision: str) -> str:
+    """The DeepSpeed config's 16-bit section a precision turns on: fp8 trains on a bf16 engine (as in Accelerate),
+    its fp8 matrix products being torchao's `Float8Linear` (or Transformer Engine's layers)."""
+    return "bf16" if mixed_precision == "fp8" else mixed_precision
+
+
 def _conflict(what: str, file_value: Any, ours: str, our_value: Any, fix: str) -> DeepSpeedConfigError:
     return DeepSpeedConfigError(f"the DeepSpeed config sets {what}={file_value!r} but {ours} is {our_value!r}; {fix}.")
 
@@ -94,6 +100,9 @@ class DeepSpeedPlugin:
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             raise DeepSpeedConfigError(f"zero3_init_flag=True needs ZeRO stage 3 but the config has stage {self.zero_stage}; "
                                        "set zero_stage=3 or drop zero3_init_flag.")
+        # Whether this plugin is the one models are prepared under now: the Accelerator selects its (first) plugin,
+        # `AcceleratorState.select_deepspeed_plugin(name)` another of its named ones.
+        self._selected = False
 
     def _build_config(self) -> None:
         stage = 2 if self.zero_stage is None else int(self.zero_stage)
@@ -201,6 +210,39 @@ class DeepSpeedPlugin:
         with deepspeed.zero.Init(config_dict_or_path=config):
             yield
 
+    # -- which of several named plugins is active -------------------------------------------------
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Make this the plugin models are prepared under; only `AcceleratorState` does it (as in Accelerate).
+
+        Example:
+            >>> DeepSpeedPlugin().select()
+            Traceback (most recent call last):
+            ...
+            ValueError: a DeepSpeedPlugin is selected by the Accelerator (its first plugin) or by accelerator.state.select_deepspeed_plugin(name), not by calling select() on it.
+        """
+        if not _from_accelerator_state:
+            raise ValueError("a DeepSpeedPlugin is selected by the Accelerator (its first plugin) or by "
+                             "accelerator.state.select_deepspeed_plugin(name), not by calling select() on it.")
+        self._selected = True
+
+    def _unselect(self) -> None:
+        self._selected = False
+
+    @property
+    def selected(self) -> bool:
+        """True for the plugin the next model is prepared under (of an Accelerator's named plugins, one at a time).
+
+        Example:
+            >>> DeepSpeedPlugin().selected
+            False
+        """
+        return self._selected
+
+    @selected.setter
+    def selected(self, value: bool) -> None:
+        raise NotImplementedError("DeepSpeedPlugin.selected is set by accelerator.state.select_deepspeed_plugin(name); "
+                                  "call that instead of assigning it.")
+
     # -- checks against the Accelerator --------------------------------------------------------
     def check_mixed_precision(self, mixed_precision: str) -> None:
         """Raise if the config's fp16/bf16 sections disagree with the Accelerator's `mixed_precision`.
@@ -211,15 +253,16 @@ class DeepSpeedPlugin:
             ...
             hasten.core.errors.DeepSpeedConfigError: the DeepSpeed config sets bf16.enabled=True but the Accelerator's mixed_precision is 'no'; pass mixed_precision='bf16' (or --mixed_precision bf16) or set "bf16": {"enabled": "auto"} in the file.
         """
+        engine_dtype = _engine_dtype(mixed_precision)
         for dtype in ("fp16", "bf16"):
             enabled = self.get_value(f"{dtype}.enabled")
             if enabled is None or enabled == "auto":
                 continue
             flag = str(enabled).lower() == "true"
-            if flag != (mixed_precision == dtype):
+            if flag != (engine_dtype == dtype):
                 auto = f'set "{dtype}": {{"enabled": "auto"}} in the file'
                 fix = (f"pass mixed_precision='{dtype}' (or --mixed_precision {dtype}) or {auto}" if flag
-                       else f"{auto} or pass a mixed_precision other than '{dtype}'")
+                       else f"{auto} or pass a mixed_precision other than '{mixed_precision}'")
                 raise _conflict(f"{dtype}.enabled", enabled, "the Accelerator's mixed_precision", mixed_precision, fix)
 
     def resolve_accumulation(self, accelerator_steps: int, given: bool = True) -> int:
@@ -247,9 +290,13 @@ class DeepSpeedPlugin:
         return steps
 
     def build_engine_config(self, *, world_size: int, mixed_precision: str, device_type: str,
-                            micro_batch_size: int | None, client_optimizer: bool, optimizer: Any = None,
+                            micro_batch_size: int | None, client_optimizer: bool | None, optimizer: Any = None,
                             scheduler: Any = None) -> dict[str, Any]:
         """The config `deepspeed.initialize` gets: every "auto" filled, every disagreement raised.
+
+        `client_optimizer`: True for a torch optimizer, False for a `DummyOptim`
+        (the config's optimizer), None for a model prepared without one (an
+        engine that only runs forward, e.g. a frozen teacher under ZeRO-3).
 
         Example:
             >>> plugin = DeepSpeedPlugin(zero_stage=1, gradient_accumulation_steps=2)
@@ -265,7 +312,7 @@ class DeepSpeedPlugin:
             raise DeepSpeedConfigError("gradient_accumulation_steps is still 'auto'; call resolve_accumulation first.")
         gas = int(gas)
         for dtype in ("fp16", "bf16"):
-            config.set_value(f"{dtype}.enabled", mixed_precision == dtype)
+            config.set_value(f"{dtype}.enabled", _engine_dtype(mixed_precision) == dtype)
         self._fill_batch_sizes(config, world_size, gas, micro_batch_size)
         if config.is_auto("gradient_clipping"):
             clip = self.gradient_clipping
@@ -273,6 +320,13 @@ class DeepSpeedPlugin:
         if config.is_auto("zero_optimization.stage3_gather_16bit_weights_on_model_save"):
             config.set_value("zero_optimization.stage3_gather_16bit_weights_on_model_save", bool(self.zero3_save_16bit_model))
         has_optimizer = "optimizer" in config.config
+        if client_optimizer is None:  # forward only: no optimizer and no scheduler for DeepSpeed to build
+            if has_optimizer:
+                raise DeepSpeedConfigError("prepare got a model without an optimizer, but this DeepSpeed config defines "
+                                           "one, which nothing would step; pass DummyOptim(model.parameters()) with the "
+                                           "model, or use a config without \"optimizer\" for a forward-only engine.")
+            config.config.pop("scheduler", None)
+            return self._finish(config)
         if client_optimizer and has_optimizer:
             raise DeepSpeedConfigError("the DeepSpeed config defines an optimizer and the code passed a torch optimizer too; "
                                        "remove \"optimizer\" from the config or pass hasten.utils.DummyOptim to prepare.")
@@ -284,6 +338,10 @@ class DeepSpeedPlugin:
         else:
             self._fill_optimizer(config, optimizer, device_type)
         self._fill_scheduler(config, scheduler)
+        return self._finish(config)
+
+    @staticmethod
+    def _finish(config: HfDeepSpeedConfig) -> dict[str, Any]:
         leftover = auto_keys(config.config)
         if leftover:
             raise DeepSpeedConfigError(f"the DeepSpeed config still has 'auto' for {', '.join(leftover)}, which hasten "

@@ -10,11 +10,23 @@ How the Accelerator's loop maps onto the engine (as the peer library does it):
 - `clip_grad_norm_` returns the norm the engine measured (it clips by the
   config's `gradient_clipping`).
 
+Several models (Accelerate's named plugins, ``deepspeed_plugins={...}``):
+each `prepare` call sets its model up under the plugin selected at that
+moment (`accelerator.state.select_deepspeed_plugin(name)`). A model with
+its optimizer becomes the engine `backward` drives (one per Accelerator, as
+Accelerate's `deepspeed_engine_wrapped`); a model alone becomes an engine
+without optimizer that only runs forward (a frozen teacher or reference
+model, ZeRO-3 partitioned; stages 1-2 need an optimizer, so there it is
+refused, and `prepare_model(model, evaluation_mode=True)` leaves it unwrapped).
+
 Checkpoints are sharded: every process writes its own fp32 master partition
 and optimizer state (tensors and plain values only, read back with
 ``weights_only=True``), never DeepSpeed's pickled checkpoint files. A run
 with another number of processes re-partitions them as it loads
-(`checkpoint.reshard`).
+(`checkpoint.reshard`). A model no optimizer trains (forward-only engine,
+unwrapped model) is saved as its full weights, gathered one parameter at a
+time (`checkpoint.gather_weights`); its index is its place among the
+prepared models, as Accelerate's ``pytorch_model`` / ``pytorch_model_1``.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence, cast
 
 import torch
 from torch import nn
@@ -41,13 +53,19 @@ if TYPE_CHECKING:
 
 __all__ = ["DeepSpeedStrategy"]
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# fp8 trains on a bf16 engine; autocast lets fp32 inputs meet the bf16 weights, Float8Linear does the fp8 products
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 CHECKPOINT_FOLDER = "deepspeed"
 FORMAT_VERSION = 1
 
 
 def _shard_name(index: int, rank: int) -> str:
     return f"{CHECKPOINT_FOLDER}/model_{index}_rank_{rank}.pt"
+
+
+def _weights_name(index: int) -> str:
+    """The file of a model no optimizer trains (full weights, written by process 0)."""
+    return f"{CHECKPOINT_FOLDER}/model_{index}_weights.pt"
 
 
 def _init_distributed(device: torch.device) -> None:
@@ -84,14 +102,17 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy, plugin: DeepSpeedPlugin,
                  gradient_state: AccumulationState | None,
-                 world_size: int) -> None:
+                 world_size: int, plugins: Mapping[str, DeepSpeedPlugin] | None = None) -> None:
         super().__init__(device, precision)
-        self.plugin = plugin
+        self.plugin = plugin  # the trained engine's plugin (until it exists: the one active at creation)
+        self.plugins = dict(plugins) if plugins is not None else None  # Accelerate's named plugins, if given
         self.gradient_state = gradient_state
         self.world_size = world_size
         self.accumulation_steps = 1
+        self.accumulation_given = True
         self.micro_batch_size: int | None = None
-        self.engine: Any = None
+        self.engine: Any = None  # the engine with an optimizer, which `backward` drives
+        self.engines: list[Any] = []  # every engine, in the order prepare made them
         self.engine_config: dict[str, Any] | None = None
         self._step_skipped = False
         self._pending_micro_steps = False  # gradients accumulated since the last optimizer step
@@ -101,12 +122,24 @@ class DeepSpeedStrategy(Strategy):
         self.sp_mpu: Any = None  # DeepSpeed's sequence-parallel groups once the engine exists
 
     @classmethod
-    def create(cls, device: torch.device, world_size: int, mixed_precision: str, plugin: DeepSpeedPlugin, *,
+    def create(cls, device: torch.device, world_size: int, mixed_precision: str,
+               plugin: DeepSpeedPlugin | Mapping[str, DeepSpeedPlugin], *,
                gradient_state: AccumulationState | None, parallelism_config: ParallelismConfig | None,
                accumulation_given: bool = True) -> "DeepSpeedStrategy":
-        """Check the plugin against the Accelerator's settings now (in `Accelerator()`), not at `prepare`."""
-        if not isinstance(plugin, DeepSpeedPlugin):
-            raise TypeError(f"deepspeed_plugin must be a hasten DeepSpeedPlugin, got {type(plugin).__name__}.")
+        """Check the plugin(s) against the Accelerator's settings now (in `Accelerator()`), not at `prepare`.
+
+        `plugin` is one plugin or Accelerate's named ones (a dict); the one
+        selected now (else the first) is checked for the accumulation steps.
+        """
+        named = dict(plugin) if isinstance(plugin, Mapping) else None
+        values: list[Any] = list(named.values()) if named is not None else [plugin]
+        if not values:
+            raise ValueError("deepspeed_plugins is an empty dict; give at least one named DeepSpeedPlugin.")
+        for one in values:
+            if not isinstance(one, DeepSpeedPlugin):
+                raise TypeError(f"deepspeed_plugin must be a hasten DeepSpeedPlugin, got {type(one).__name__}.")
+        given: list[DeepSpeedPlugin] = values
+        active = next((one for one in given if one.selected), given[0])
         from .ulysses import check_sequence_parallel
 
         sp_size = check_sequence_parallel(parallelism_config, world_size)
@@ -117,14 +150,16 @@ class DeepSpeedStrategy(Strategy):
         check_precision_supported(mixed_precision, device.type)
         if mixed_precision == "fp16" and device.type == "cpu":  # DeepSpeed's CPU accelerator has no fp16 engine
             raise ValueError("DeepSpeed cannot train in fp16 on CPUs; use mixed_precision='bf16' or 'no' there.")
-        plugin.check_mixed_precision(mixed_precision)
+        for one in given:  # every plugin runs in the Accelerator's precision (Accelerate sets it on each)
+            one.check_mixed_precision(mixed_precision)
         # DeepSpeed casts the model and scales the loss itself: no GradScaler. Autocast only lets fp32 inputs
         # meet the 16-bit weights DeepSpeed made.
         precision = PrecisionPolicy(name=mixed_precision, device_type=device.type, dtype=_DTYPES.get(mixed_precision))
-        strategy = cls(device, precision, plugin, gradient_state, world_size)
+        strategy = cls(device, precision, active, gradient_state, world_size, plugins=named)
         strategy.sp_size, strategy.parallelism_config = sp_size, parallelism_config
         steps = gradient_state.num_steps if gradient_state is not None else 1
-        strategy.accumulation_steps = plugin.resolve_accumulation(steps, given=accumulation_given)
+        strategy.accumulation_given = accumulation_given
+        strategy.accumulation_steps = active.resolve_accumulation(steps, given=accumulation_given)
         if gradient_state is not None:
             gradient_state.num_steps = strategy.accumulation_steps  # an Accelerator given no number follows the file
         return strategy
@@ -150,23 +185,42 @@ class DeepSpeedStrategy(Strategy):
             self.micro_batch_size = int(batch_size)
 
     # -- set-up ---------------------------------------------------------------------------
+    def current_plugin(self) -> DeepSpeedPlugin:
+        """The plugin a model prepared now is set up under: of named plugins the selected one, else the one plugin."""
+        if self.plugins is None:
+            return self.plugin
+        return next((plugin for plugin in self.plugins.values() if plugin.selected), self.plugin)
+
     def setup(self, models: Sequence[nn.Module],
               optimizers: Sequence[torch.optim.Optimizer]) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         if not models and not optimizers:
             return [], []
+        if len(models) != 1 or len(optimizers) > 1:
+            raise ValueError(f"under DeepSpeed prepare takes one model (with its optimizer, or alone for a forward-only "
+                             f"engine) per call, got {len(models)} model(s) and {len(optimizers)} optimizer(s); "
+                             "prepare each model in its own call.")
+        plugin = self.current_plugin()
+        if not optimizers:
+            return [self._setup_forward_only(models[0], plugin)], []
         if self.engine is not None:
-            raise ValueError("DeepSpeed prepares one model per Accelerator and one was already prepared; "
-                             "create another Accelerator (with its own DeepSpeedPlugin) for a second model.")
-        if len(models) != 1 or len(optimizers) != 1:
-            raise ValueError(f"under DeepSpeed prepare takes exactly one model and one optimizer together, got {len(models)} "
-                             f"model(s) and {len(optimizers)} optimizer(s); pass accelerator.prepare(model, optimizer, ...).")
-        model, optimizer = models[0], optimizers[0]
+            raise ValueError("this Accelerator already trains a DeepSpeed engine, the one accelerator.backward drives; "
+                             "prepare the second trained model with a second Accelerator() (it shares named "
+                             "deepspeed_plugins; with one plugin pass it deepspeed_plugin=...).")
+        return self._setup_trained(models[0], optimizers[0], plugin)
+
+    def _setup_trained(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                       plugin: DeepSpeedPlugin) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         deepspeed = require_deepspeed()
         _init_distributed(self.device)
+        if plugin is not self.plugin:  # named plugins: trained under another than the one checked at creation
+            steps = plugin.resolve_accumulation(self.accumulation_steps, given=self.accumulation_given)
+            if steps != self.accumulation_steps and self.gradient_state is not None:
+                self.gradient_state.num_steps = steps  # an Accelerator given no number follows the file
+            self.plugin, self.accumulation_steps = plugin, steps
         dummy_optim = optimizer if isinstance(optimizer, DummyOptim) else None
         dummy = dummy_optim is not None
         scheduler = dummy_optim.scheduler if dummy_optim is not None else None
-        config = self.plugin.build_engine_config(
+        config = plugin.build_engine_config(
             # a sequence-parallel group trains on one batch: ZeRO's data-parallel processes are world / sp_size
             world_size=self.world_size // self.sp_size, mixed_precision=self.precision.name, device_type=self.device.type,
             micro_batch_size=self.micro_batch_size, client_optimizer=not dummy, optimizer=optimizer, scheduler=scheduler)
@@ -185,6 +239,7 @@ class DeepSpeedStrategy(Strategy):
             self.sp_mpu = kwargs["mpu"] = register_ulysses(model, self.parallelism_config, self.micro_batch_size)
         engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
         self.engine = engine
+        self.engines.append(engine)
         if scheduler is not None:
             scheduler.engine_scheduler = engine_scheduler
         # The prepared optimizer wraps the torch optimizer DeepSpeed steps (its param_groups carry the lr a
@@ -193,6 +248,26 @@ class DeepSpeedStrategy(Strategy):
         if not isinstance(base, torch.optim.Optimizer):
             base = engine_optimizer
         return [engine], [base]
+
+    def _setup_forward_only(self, model: nn.Module, plugin: DeepSpeedPlugin) -> nn.Module:
+        """A model prepared without an optimizer: an engine that runs forward only (Accelerate's
+        `deepspeed.initialize` with no optimizer), e.g. a frozen teacher partitioned by ZeRO-3."""
+        stage = int(plugin.zero_stage or 0)
+        if stage in (1, 2):  # DeepSpeed asserts "zero stage N requires an optimizer"
+            raise ValueError(f"prepare got a model without an optimizer under a ZeRO stage {stage} DeepSpeedPlugin, "
+                             "whose engine needs one; select a ZeRO-3 plugin for a forward-only engine "
+                             "(accelerator.state.select_deepspeed_plugin(name)), pass its optimizer too, or leave it "
+                             "unwrapped with accelerator.prepare_model(model, evaluation_mode=True).")
+        deepspeed = require_deepspeed()
+        _init_distributed(self.device)
+        plugin.resolve_accumulation(self.accumulation_steps, given=False)  # fills "auto"; nothing steps here
+        config = plugin.build_engine_config(
+            world_size=self.world_size // self.sp_size, mixed_precision=self.precision.name, device_type=self.device.type,
+            micro_batch_size=self.micro_batch_size, client_optimizer=None)
+        self.cast_forward(model)
+        engine, *_ = deepspeed.initialize(model=model.to(self.device), config=config)
+        self.engines.append(engine)
+        return engine
 
     def shard_sequences(self, loader: Any) -> Any:
         """Under Ulysses (sp_size > 1), DeepSpeed's adapter: each process of a group gets its shard of one batch."""
@@ -259,7 +334,7 @@ class DeepSpeedStrategy(Strategy):
                                   "in the DeepSpeed config.")
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
-        return getattr(model, "module", model) if model is self.engine else model
+        return getattr(model, "module", model) if any(model is engine for engine in self.engines) else model
 
     # -- full state ------------------------------------------------------------------------
     def _gathered(self, module: nn.Module, modifier_rank: int | None = None) -> contextlib.AbstractContextManager[Any]:
@@ -308,20 +383,27 @@ class DeepSpeedStrategy(Strategy):
     # -- sharded checkpoint files -------------------------------------------------------------
     def save_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                               optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
-        from .checkpoint import save_shard
+        from .checkpoint import gather_weights, save_shard, save_weights
 
         if self._pending_micro_steps:
             raise RuntimeError("save_state was called in the middle of a gradient accumulation cycle, whose partial "
                                "gradients DeepSpeed keeps in its own buffers; call it right after an optimizer step.")
         files = {}
+        writer = self._rank() == 0
         for index, model in enumerate(models):
-            if model is not self.engine:
-                raise ValueError("under DeepSpeed only the model prepared with its optimizer can be checkpointed; "
-                                 "prepare evaluation models with another Accelerator.")
-            name = _shard_name(index, self._rank())
-            path = directory / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_shard(self.engine, path, write_extras=self._rank() == 0)
+            if model is self.engine:
+                name = _shard_name(index, self._rank())
+                path = directory / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_shard(self.engine, path, write_extras=writer)
+            else:  # trained by no optimizer: its full weights (every process takes part in ZeRO-3's gathers)
+                weights = gather_weights(self.unwrap_model(model), writer)
+                if not writer:
+                    continue
+                name = _weights_name(index)
+                path = directory / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_weights(weights, path)
             fsync_path(path)
             files[name] = path.stat().st_size
         return files
@@ -341,10 +423,14 @@ class DeepSpeedStrategy(Strategy):
 
     def read_checkpoint_files(self, directory: Path, models: Sequence[nn.Module],
                               optimizers: Sequence[torch.optim.Optimizer]) -> ShardedState:
-        from .checkpoint import check_shard, read_shard, reshard
+        from .checkpoint import check_shard, read_shard, read_weights, reshard
 
-        contents = []
+        contents: list[tuple[Any, ...]] = []
         for index, model in enumerate(models):
+            if model is not self.engine:
+                module = self.unwrap_model(model)
+                contents.append(("weights", module, read_weights(directory / _weights_name(index), module)))
+                continue
             first = read_shard(directory / _shard_name(index, 0), self.engine, check_partitions=False)
             saved_world, rank = int(first["world_size"]), self._rank()
             if saved_world == self.world_size:
@@ -355,14 +441,17 @@ class DeepSpeedStrategy(Strategy):
                           for r in range(1, saved_world)]
                 mine = reshard([first, *others], self.engine)
             check_shard(_shard_name(index, rank), mine, self.engine)
-            contents.append((model, mine, first["extras"]))
+            contents.append(("engine", mine, first["extras"]))
         return contents
 
     def apply_checkpoint_files(self, contents: ShardedState) -> None:
-        from .checkpoint import apply_shard
+        from .checkpoint import apply_shard, apply_weights
 
-        for model, shard, extras in cast(list, contents):
-            apply_shard(self.engine, shard, extras)
+        for kind, *parts in cast(list, contents):
+            if kind == "engine":
+                apply_shard(self.engine, *parts)
+            else:
+                apply_weights(*parts)
         self._pending_micro_steps = False
 
     @staticmethod
