@@ -67,13 +67,39 @@ class AORecipeKwargs(KwargsHandler):
         if self.pad_inner_dim is None:
             self.pad_inner_dim = bool(str_to_bool(os.environ.get("ACCELERATE_FP8_PAD_INNER_DIM", "true")))
         if self.enable_fsdp_float8_all_gather is None:
-            self.enable_fsdp_float8_all_gather = bool(str_to_bool(
-                os.environ.get("ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", "true")))
+            chosen = os.environ.get("ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER")
+            self._all_gather_by_default = chosen is None  # nobody asked: an FSDP-only default DeepSpeed turns off
+            self.enable_fsdp_float8_all_gather = bool(str_to_bool(chosen or "true"))
         self.config = Float8LinearConfig(pad_inner_dim=self.pad_inner_dim,
                                          enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather)
 
+    _all_gather_by_default = False
+
     def to_kwargs(self) -> dict[str, Any]:
         return {"config": self.config, "module_filter_func": self.module_filter_func}
+
+    def for_deepspeed(self) -> None:
+        """Fit the recipe to a DeepSpeed engine: float8 all-gather (an FSDP2 feature, on in the default recipe) is
+        turned off where nobody asked for it, and refused where someone did.
+
+        DeepSpeed casts the module to its 16-bit dtype, which cannot swap the
+        float8 all-gather weight wrapper (Accelerate fails there: "Couldn't swap
+        Float8Linear.weight"); without it the fp8 products are the same.
+
+        Example:
+            >>> recipe = AORecipeKwargs(); recipe.for_deepspeed(); recipe.config.enable_fsdp_float8_all_gather
+            False
+        """
+        if not self.config.enable_fsdp_float8_all_gather:
+            return
+        if not self._all_gather_by_default:
+            raise ValueError("torchao's float8 all-gather (enable_fsdp_float8_all_gather=True) is for FSDP2, and "
+                             "DeepSpeed cannot cast its weight wrapper; under DeepSpeed pass "
+                             "AORecipeKwargs(enable_fsdp_float8_all_gather=False) (or a Float8LinearConfig without it).")
+        import dataclasses
+
+        self.enable_fsdp_float8_all_gather = False
+        self.config = dataclasses.replace(self.config, enable_fsdp_float8_all_gather=False)
 
 
 @dataclass

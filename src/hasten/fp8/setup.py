@@ -114,7 +114,10 @@ class Fp8Setup:
                 deepspeed: bool = False, capability: tuple[int, int] | None = None) -> "Fp8Setup":
         """The setup for these recipe handlers and precision on `device`, refusing what cannot run in one sentence.
 
-        `capability` is the CUDA device's (asked of torch when None).
+        `capability` is the CUDA device's (asked of torch when None);
+        `deepspeed`: the run's engine is DeepSpeed, which trains fp8 on a bf16
+        engine as Accelerate does (torchao's recipe without float8 all-gather,
+        an FSDP2 feature; Transformer Engine's layers as elsewhere).
         """
         if mixed_precision == "fp8" and (problem := fp8_problem()):
             raise ValueError(problem)
@@ -133,12 +136,11 @@ class Fp8Setup:
             raise ValueError(f"{type(recipes[0]).__name__} configures fp8 training; pass mixed_precision='fp8' with it.")
         if not setup.enabled:
             return setup
-        if deepspeed:
-            raise NotImplementedError("mixed_precision='fp8' under DeepSpeed is not supported by hasten yet; "
-                                      "train in fp8 with DDP or FSDP, or use mixed_precision='bf16' with DeepSpeed.")
         if not setup.has_handler:
             setup._choose_default_backend()
         setup._check_device(device, capability)
+        if deepspeed and setup.ao_recipe_handler is not None and setup.backend is FP8BackendType.AO:
+            setup.ao_recipe_handler.for_deepspeed()  # float8 all-gather is FSDP2's: off by default, refused if asked
         return setup
 
     def _choose_default_backend(self) -> None:
