@@ -2,7 +2,8 @@
 
 - `order.py`: which sample each position of an epoch visits (seekable, O(1) memory when keyed).
 - `sharding.py`: which batches (or items) belong to this process.
-- `loader.py`: `PreparedDataLoader` (Accelerate's `DataLoaderShard`), `DataLoaderStateMixin`.
+- `position.py`: a loader's position (`LoaderCursor`), that position as state, `DataLoaderStateMixin`.
+- `loader.py`: `PreparedDataLoader` (Accelerate's `DataLoaderShard`).
 - `skipping.py`: `skip_first_batches`, `SkipDataLoader`.
 - `stateful.py`: loaders that are torchdata `StatefulDataLoader`s (``use_stateful_dataloader=True``).
 - `prepare.py`: `prepare_data_loader` (what Accelerate's does to a loader).
@@ -12,7 +13,8 @@ Example:
     >>> from hasten.data import prepare_data_loader
 """
 
-from .loader import DataLoaderStateMixin, LoaderCursor, PreparedDataLoader
+from .loader import PreparedDataLoader
+from .position import DataLoaderStateMixin, LoaderCursor
 from .prepare import prepare_data_loader
 from .skipping import SkipDataLoader, skip_first_batches
 from .order import SampleOrder, keyed_permutation

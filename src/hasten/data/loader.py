@@ -10,7 +10,8 @@ last global batch for `gather_for_metrics`.
 
 Its position — epoch, batches handed out in the current pass, what replays
 the pass's shuffle — lives in a `LoaderCursor` and the order's state, which
-checkpoints save and restore. A pass that continues a checkpointed one (a
+checkpoints save and restore (`position.py`: the cursor, the position as
+state, Accelerate's `DataLoaderStateMixin`). A pass that continues a checkpointed one (a
 resume at batch k, through `skip_first_batches` or a restored position)
 draws nothing and loads nothing for the k skipped batches, so the resumed run
 continues exactly where the interrupted one was.
@@ -23,40 +24,20 @@ hasten's checkpoints keep using `position_state`.
 from __future__ import annotations
 
 import functools
-import itertools
-from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any, Iterator, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader
-from torch.utils.data.dataloader import _DatasetKind
 
 from ..runtime.collectives import send_to_device
-from ..runtime.gradient_state import GradientState, LoaderPosition
+from ..runtime.gradient_state import GradientState
 from .order import SampleOrder
+# the position half of the loader; DataLoaderStateMixin and LoaderCursor are also importable from here, as before
+from .position import DataLoaderStateMixin, LoaderCursor, LoaderPositionMixin, skip_unread
 from .sharding import can_seek_batches, seek_batches
 from .stateful import stateful_variant, torchdata_available
 
 __all__ = ["DataLoaderStateMixin", "LoaderCursor", "PreparedDataLoader", "get_sampler", "loader_kwargs"]
-
-
-@dataclass
-class LoaderCursor:
-    """Where a prepared loader is; shared with the `skip_first_batches` views made from it.
-
-    Example:
-        >>> LoaderCursor(epoch=2, yielded=5)
-        LoaderCursor(epoch=2, yielded=5, pending_skip=0, training=False, resumed=False)
-    """
-
-    epoch: int = 0
-    yielded: int = 0  # batches handed out in the current pass (the look-ahead batch does not count)
-    pending_skip: int = 0  # batches the next pass skips: a restored position
-    training: bool = False  # backward() consumed this loader's batches: its boundaries are preemption points
-    resumed: bool = False  # restored from a checkpoint taken in the middle of a pass (whose draws were made)
-    # batches handed out over the loader's life, never reset: how far this process got (save_state's handshake)
-    handed_out: int = field(default=0, repr=False)
 
 
 def loader_kwargs(loader: DataLoader) -> dict[str, Any]:
@@ -93,55 +74,7 @@ class _BaseLoader:
         return loader
 
 
-class DataLoaderStateMixin:
-    """Accelerate's loader state: `end_of_dataloader`, `remainder`, and the `GradientState` registration of a pass.
-
-    `begin()` starts a pass (the loader becomes `GradientState().active_dataloader`),
-    `end()` ends it; `PreparedDataLoader` calls both itself.
-
-    Example:
-        >>> from hasten.data import PreparedDataLoader
-        >>> isinstance(PreparedDataLoader(range(4), batch_size=2), DataLoaderStateMixin)
-        True
-    """
-
-    end_of_dataloader: bool = False
-    remainder: int = -1
-    gradient_state: GradientState | None
-    dataset: Any
-    _drop_last: bool = False
-
-    def reset(self) -> None:
-        """Forget the last pass's end flag and remainder."""
-        self.end_of_dataloader = False
-        self.remainder = -1
-
-    def begin(self) -> LoaderPosition:
-        """A pass starts: the remainder is computed and the loader is pushed on the gradient state."""
-        self.reset()
-        self.remainder = self._start_remainder()
-        position = LoaderPosition(remainder=self.remainder, cursor=getattr(self, "cursor", None), loader=self)
-        if self.gradient_state is not None:
-            self.gradient_state.push(position)
-        return position
-
-    def end(self) -> None:
-        """The pass is over (or abandoned): the loader leaves the gradient state."""
-        if self.gradient_state is not None:
-            self.gradient_state._remove_dataloader(self)
-
-    def _start_remainder(self) -> int:
-        """Accelerate's remainder at the start of a pass: samples % global batch, -1 when dropped or unknown."""
-        if self._drop_last:
-            return -1
-        with suppress(Exception):
-            length = getattr(self.dataset, "total_dataset_length", None)
-            length = len(self.dataset) if length is None else length
-            return int(length % self.total_batch_size)  # type: ignore[attr-defined]
-        return -1
-
-
-class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
+class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
     """A DataLoader that yields this process's batches on its device and tells the Accelerator where it is.
 
     `len()` is this process's number of batches. `epoch` (also `iteration`)
@@ -328,7 +261,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
             iterator = super().__iter__()
         unread = seeked
         if skip and not seeked:
-            iterator, unread = _skip(iterator, skip)
+            iterator, unread = skip_unread(iterator, skip)
         if unread:
             self._skipped(iterator, skip)
         return iterator
@@ -391,71 +324,6 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         """Does this pass read with an iterator made before it (a stateful loader's, see `stateful.py`)?"""
         return False
 
-    # -- position as state --------------------------------------------------------------------
-    def position_state(self) -> dict[str, Any]:
-        """The loader's position: epoch, batches handed out in this pass, shuffle state, batch geometry.
-
-        Example:
-            >>> from hasten.data import prepare_data_loader
-            >>> loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), torch.device("cpu"))
-            >>> loader.position_state()["epoch"], loader.position_state()["yielded"]
-            (0, 0)
-        """
-        return {
-            "epoch": self.cursor.epoch,
-            # outside a pass, a restored position not yet used is still the position
-            "yielded": self.cursor.yielded or self.cursor.pending_skip,
-            "global_batch_size": self.global_batch_size,
-            "num_batches": DataLoader.__len__(self) if self._sized() else None,
-            "order": None if self.order is None else self.order.state_dict(),
-        }
-
-    def load_position(self, state: dict[str, Any], restore_position: bool = True) -> None:
-        """Restore the shuffle state and epoch; with `restore_position`, the next pass resumes after the saved batch.
-
-        A position saved with another global batch size (another number of
-        processes) resumes on the same global sample order when it falls on
-        a whole number of the new global batches; otherwise one clear error.
-        """
-        skip = self.batches_to_skip(state) if restore_position else 0
-        if self.order is not None and state.get("order") is not None:
-            self.order.load_state_dict(state["order"])
-        self.cursor.epoch = int(state["epoch"])
-        self.cursor.yielded = 0
-        self.cursor.pending_skip = skip
-        self.cursor.resumed = int(state["yielded"]) > 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position (`position_state`); a torchdata-backed loader gives torchdata's state instead."""
-        return self.position_state()
-
-    def load_state_dict(self, state: dict[str, Any], restore_position: bool = True) -> None:
-        """Restore a position given by `state_dict` (see `load_position`)."""
-        self.load_position(state, restore_position)
-
-    def batches_to_skip(self, state: dict[str, Any]) -> int:
-        """How many of this loader's batches a restored position skips (validated, nothing changed)."""
-        yielded = int(state["yielded"])
-        saved, now = state.get("global_batch_size"), self.global_batch_size
-        if not yielded or saved == now:
-            return yielded
-        samples = yielded * saved if saved else None
-        if samples is None or not now or samples % now:
-            raise ValueError(
-                f"the checkpoint stopped {yielded} batches of {saved} samples into epoch {state['epoch']}, which is not "
-                f"a whole number of this run's global batches of {now}; resume with a global batch size "
-                f"(batch size x processes) that divides {samples}, or from a checkpoint saved at an epoch's end."
-            )
-        return samples // now
-
-    def _sized(self) -> bool:
-        try:
-            DataLoader.__len__(self)
-        except TypeError:
-            return False
-        return True
-
-
 def _takes_epoch(obj: Any) -> bool:
     return obj is not None and hasattr(obj, "set_epoch") and not isinstance(obj, SampleOrder)
 
@@ -477,19 +345,6 @@ def _takes_in_order() -> bool:
     from .stateful import _stateful_dataloader_class
 
     return "in_order" in inspect.signature(_stateful_dataloader_class().__init__).parameters
-
-
-def _skip(iterator: Any, count: int) -> tuple[Iterator[Any], bool]:
-    """`iterator` without its first `count` batches, and whether they went unread: over a map-style dataset without
-    workers their indices are drawn but nothing is loaded (as Accelerate's SkipBatchSampler); a stream is read and
-    dropped."""
-    sampler_iter = getattr(iterator, "_sampler_iter", None)
-    map_style = getattr(iterator, "_dataset_kind", None) == _DatasetKind.Map
-    if map_style and sampler_iter is not None and getattr(iterator, "_num_workers", 1) == 0:
-        for _ in itertools.islice(sampler_iter, count):
-            pass
-        return iterator, True
-    return itertools.islice(iterator, count, None), False  # workers already asked for them: load and drop
 
 
 def get_sampler(dataloader: DataLoader) -> Any:
