@@ -85,7 +85,9 @@ class PartialState:
         if self.backend is None:
             if self.debug:  # torch's own check that every rank runs the same collective, with shapes
                 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
-            if self.topology.is_distributed:
+            # An elastic run has a group even at one process: its engine (FSDP2's sharded checkpoints) stays the same
+            # at every size, so what one size saved, another loads.
+            if self.topology.is_distributed or (spec.elastic is not None and self.topology.launcher == "torchrun"):
                 if self.device.type == "cuda" and not named:
                     torch.cuda.set_device(self.device)
                 init_process_group(self.topology, wanted, timeout or DEFAULT_TIMEOUT)
