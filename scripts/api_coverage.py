@@ -17,6 +17,13 @@ properties (and its constructor) are checked the same way. It prints
 ``found / total`` per module and, with `--gaps`, every missing name and
 every parameter difference.
 
+It also compares the launch command's flags with `accelerate launch`'s:
+Accelerate's real parser (`accelerate.commands.launch.launch_command_parser`
+of the installed package, read in a subprocess without the accelerate
+switch) against `hasten launch`'s; every option string Accelerate accepts
+must be accepted, with the same destination and default (`--launch-flags`
+prints only this line, and with `--gaps` each difference).
+
 With `--corpus PATH[:SUBDIR]` (repeatable) it instead checks real scripts:
 every name they use from Accelerate (``from accelerate.x import y``,
 ``accelerate.x.y`` after ``import accelerate``, attributes of imported
@@ -324,12 +331,64 @@ def corpus_report(specs: list[str], gaps: bool = False) -> int:
     return 0
 
 
+# Defaults of `accelerate launch` that `hasten launch` does not share, and why (docs/cli.md says so too).
+LAUNCH_DEFAULTS_THAT_DIFFER = {
+    "fsdp_version": "unset is FSDP2, the engine hasten runs (Accelerate's launcher says 1)",
+}
+_OPTIONS_PROGRAM = """
+import json, sys
+from {module} import {function} as make
+parser = make()
+print(json.dumps({{name: {{"dest": a.dest, "default": repr(a.default), "takes_value": a.nargs != 0}}
+                  for a in parser._actions for name in a.option_strings}}))
+"""
+
+
+def _launch_options(python: str, module: str, function: str, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    import json
+
+    done = subprocess.run([python, "-c", _OPTIONS_PROGRAM.format(module=module, function=function)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"reading {module}.{function} failed:\n{done.stderr}")
+    return json.loads(done.stdout)
+
+
+def compare_launch_flags(python: str = sys.executable) -> tuple[int, int, list[str]]:
+    """(present, total, problems): Accelerate's `accelerate launch` options against `hasten launch`'s.
+
+    Accelerate's parser is read in a subprocess whose environment has no
+    accelerate switch (so `accelerate` is the installed package); hasten's
+    is `hasten launch`'s own sub-parser. An option counts as present when
+    hasten accepts the same string, stores it in the same destination and,
+    unless `LAUNCH_DEFAULTS_THAT_DIFFER` says why not, with the same default.
+    """
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "HASTEN_AS_ACCELERATE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                        if p and "_accelerate_site" not in p)
+    theirs = _launch_options(python, "accelerate.commands.launch", "launch_command_parser", env)
+    ours = _launch_options(python, "hasten.cli.launch", "launch_parser", env)
+    problems = []
+    for name, action in sorted(theirs.items()):
+        mine = ours.get(name)
+        if mine is None:
+            problems.append(f"{name}: not accepted")
+        elif mine["dest"] != action["dest"] or mine["takes_value"] != action["takes_value"]:
+            problems.append(f"{name}: stored in {mine['dest']!r} (Accelerate: {action['dest']!r})")
+        elif mine["default"] != action["default"] and action["dest"] not in LAUNCH_DEFAULTS_THAT_DIFFER:
+            problems.append(f"{name}: default {mine['default']} (Accelerate: {action['default']})")
+    return len(theirs) - len(problems), len(theirs), problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gaps", action="store_true", help="list every missing name and parameter difference")
     parser.add_argument("--module", action="append", help="check only this Accelerate module (repeatable)")
     parser.add_argument("--corpus", action="append", metavar="PATH[:SUBDIR]",
                         help="check the names these scripts use instead (a directory or git directory; repeatable)")
+    parser.add_argument("--launch-flags", action="store_true", help="compare only the launch command's flags")
     args = parser.parse_args(argv)
     if args.corpus:
         return corpus_report(args.corpus, gaps=args.gaps)
@@ -339,6 +398,13 @@ def main(argv: list[str] | None = None) -> int:
         print("accelerate is not installed; install it for this check only "
               "(see this script's docstring) and run again.", file=sys.stderr)
         return 2
+    present, total, problems = compare_launch_flags()
+    launch_line = f"accelerate launch flags (hasten launch)  {present:4d}/{total:4d}  {100 * present / max(total, 1):5.1f}%"
+    if args.launch_flags:
+        print(launch_line)
+        for line in problems if args.gaps else ():
+            print(f"  {line}")
+        return 0 if not problems else 1
     reports = [check_module(m) for m in (args.module or modules_to_check())]
     if not args.module:
         reports.append(check_accelerator())
@@ -349,7 +415,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r.module:<{width}}  {r.found:4d}/{r.total:4d}  {share}")
     found, total = sum(r.found for r in reports), sum(r.total for r in reports)
     print(f"{'total':<{width}}  {found:4d}/{total:4d}  {100 * found / max(total, 1):5.1f}%")
+    print(launch_line)
     if args.gaps:
+        if problems:
+            print("\n## accelerate launch flags")
+            for line in problems:
+                print(f"  {line}")
         for r in reports:
             if r.missing or r.different:
                 print(f"\n## {r.module}")

@@ -6,7 +6,6 @@ Fixtures in tests/data/ are laid out the way `accelerate config` writes them
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -25,7 +24,6 @@ from hasten.launch.config import (
     LaunchConfig,
     config_fields,
     default_of,
-    field_type,
     load_config,
     save_config,
 )
@@ -35,9 +33,10 @@ DATA = Path(__file__).parent / "data"
 
 # ---------------------------------------------------------------------------- helpers
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The caller's environment without any hasten config: no $HASTEN_CONFIG_FILE, an empty XDG config dir."""
+    """The caller's environment without any config file: no $HASTEN_CONFIG_FILE, empty XDG and Hugging Face homes."""
     env = {k: v for k, v in os.environ.items() if k not in ("HASTEN_CONFIG_FILE", "HASTEN_LAUNCH_SPEC")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    env["HF_HOME"] = str(tmp_path / "hf")  # nor Accelerate's default file, which a launch reads when hasten has none
     env.update(extra)
     return env
 
@@ -211,7 +210,7 @@ def test_unknown_key_without_close_match_says_remove_it(tmp_path):
         ("num_machines: 2\nnum_processes: 3\nmain_process_ip: 10.0.0.1\n",
          "num_processes 3 (the total across machines) is not divisible by num_machines 2"),
         ("num_machines: 2\nnum_processes: 4\n", "a run on several machines needs main_process_ip"),
-        ("main_process_port: 70000\n", "main_process_port must be between 1 and 65535, got 70000."),
+        ("main_process_port: 70000\n", "main_process_port must be between 1 and 65535 (or 0: a free one), got 70000."),
         ("use_deepspeed: true\nuse_fsdp: true\n", "DeepSpeed and FSDP cannot be used together"),
         ("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 7\n",
          "fsdp_config.fsdp_sharding_strategy='7' is not one of"),
@@ -443,8 +442,10 @@ def test_gpu_ids_from_file_become_visible_devices(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.env["CUDA_VISIBLE_DEVICES"] == "0,2" and run.has("--nproc-per-node=2")
     assert run.spec["mixed_precision"] == "fp16" and run.spec["debug"] is True
-    run = dry_run(tmp_path, "--config_file", str(DATA / "accelerate_multi_gpu.yaml"), "--gpu_ids", "1")
-    assert run.env["CUDA_VISIBLE_DEVICES"] == "1"
+    run = dry_run(tmp_path, "--config_file", str(DATA / "accelerate_multi_gpu.yaml"), "--gpu_ids", "1,3")
+    assert run.env["CUDA_VISIBLE_DEVICES"] == "1,3"
+    one = dry_run(tmp_path, "--config_file", str(DATA / "accelerate_multi_gpu.yaml"), "--gpu_ids", "1")
+    assert one.returncode == 2 and "names fewer than two GPUs for a run on multiple GPUs" in one.stderr  # Accelerate's
 
 
 def test_no_mpirun_flag_overrides_an_accelerate_mpirun_file(tmp_path):
@@ -453,64 +454,8 @@ def test_no_mpirun_flag_overrides_an_accelerate_mpirun_file(tmp_path):
     assert run.has("--nproc-per-node=4") and run.spec["cpu"] is True
 
 
-# ---------------------------------------------------------------------------- one schema -> the launch flags
-def _launch_parser() -> argparse.ArgumentParser:
-    from hasten.cli.main import build_parser
-
-    parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return commands.choices["launch"]
-
-
-# Fields the schema holds that are not a flag of their own, and why.
-NOT_A_FLAG_OF_ITS_OWN = {
-    "distributed_type": "follows from --multi_cpu / --multi_gpu / --use_deepspeed / --use_fsdp / --cpu",
-    "deepspeed_config": "each DeepSpeedConfig key is its own flag (checked below)",
-    "fsdp_config": "each FSDPConfig key is its own flag (checked below)",
-    "dynamo_config": "each key is its own --dynamo_* flag, as in accelerate launch (tests/test_compile.py)",
-    "fp8_config": "each key is its own --fp8_* flag, as in accelerate launch (tests/test_cli.py)",
-    "parallelism_config": "each key is its own --parallelism_config_* flag, as in accelerate launch (tests/test_cli.py)",
-    "compute_environment": "describes the file only; nothing at launch depends on it",
-    "main_training_function": "read by notebook launches, not by `hasten launch`",
-}
-
-
-def test_every_schema_field_is_a_launch_flag_with_the_schema_type_and_choices():
-    actions = {a.dest: a for a in _launch_parser()._actions}
-    missing = set()
-    for f in config_fields(LaunchConfig):
-        action = actions.get(f.name)
-        if action is None:
-            missing.add(f.name)
-            continue
-        assert f"--{f.name}" in action.option_strings, f.name
-        assert action.default is None, f"{f.name}: a flag default would hide the config file's value"
-        assert f.metadata["help"] in (action.help or ""), f.name
-        if field_type(f) is bool:
-            assert isinstance(action, argparse.BooleanOptionalAction), f.name
-            assert f"--no-{f.name}" in action.option_strings, f.name
-        else:
-            assert action.type is field_type(f), f.name
-            assert tuple(action.choices or ()) == tuple(f.metadata["choices"] or ()), f.name
-    assert missing == set(NOT_A_FLAG_OF_ITS_OWN), "fields without a `hasten launch` flag changed"
-    for f in config_fields(LaunchConfig, include_ignored=True):
-        if f.metadata["ignored"]:
-            assert f.name not in actions, f"{f.name} is compatibility-only and must not be a flag"
-
-
-@pytest.mark.parametrize("schema, prefix", [(DeepSpeedConfig, "ds"), (FSDPConfig, "fsdp")])
-def test_every_section_key_is_a_launch_flag(schema, prefix):
-    actions = {a.dest: a for a in _launch_parser()._actions}
-    for f in dataclasses.fields(schema):
-        if f.name == "gradient_accumulation_steps":
-            assert "gradient_accumulation_steps" in actions  # the general flag feeds DeepSpeed too
-            continue
-        action = actions[f"{prefix}:{f.name}"]
-        assert f"--{f.name}" in action.option_strings and action.default is None
-        if field_type(f) is not bool:
-            assert tuple(action.choices or ()) == tuple(f.metadata["choices"] or ()), f.name
-
-
+# ---------------------------------------------------------------------------- the schema itself
+# (that every key is a launch flag reaching the config: tests/test_launch_command.py)
 def test_schema_defaults_are_valid_and_written_files_hold_only_schema_keys(tmp_path):
     config = LaunchConfig().validate()
     for f in config_fields(LaunchConfig, include_ignored=True):

@@ -73,7 +73,7 @@ def test_a_patch_through_the_switch_reaches_the_code_and_is_undone():
     code = (
         "import hasten.as_accelerate\n"
         "from unittest.mock import patch\n"
-        "import hasten.launch.launcher_env as home, shutil\n"
+        "import hasten.cli.launcher_env as home, shutil\n"
         "from accelerate.utils.launch import _get_mpirun_args\n"
         "with patch('accelerate.utils.launch.which', return_value=None):\n"
         "    assert home.which is not shutil.which\n"

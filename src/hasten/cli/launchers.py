@@ -1,20 +1,19 @@
-"""Accelerate's `accelerate launch` (``accelerate.commands.launch``), run by hasten's launcher.
+"""`accelerate launch` (``accelerate.commands.launch``): the launch command under Accelerate's names.
 
-`_validate_launch_command` fills a parsed namespace as Accelerate's does —
-the config file (Accelerate's default one when none is given) supplies
-what the command line left out, the command line wins, and what neither
-gives gets Accelerate's defaults (with the same warning) — and
-`launch_command` picks Accelerate's launcher for it: DeepSpeed, torchrun
-(several GPUs, FSDP) or the simple one (one process, or mpirun). Each then
-starts the processes through hasten's launch path (`launch.plan` ->
-`launch.run`: rank-labelled failures, no process left behind), with the
-launch spec and Accelerate's variables `launch.launcher_env` derives. A failed
-run raises `subprocess.CalledProcessError` (with `--quiet`: exits 1), as the
-simple launcher of Accelerate does. TPU, SageMaker and Megatron-LM runs are
-refused in one sentence: hasten has none of them.
+It is `hasten launch` — the same flags (`launch_flags`), the same
+resolution of flags and config file (`launch_settings`), the same plan
+(`launch_build`) carried out by hasten's launch path (`launch.plan` ->
+`launch.run`) — presented as Accelerate presents it:
 
-The processes run with the accelerate switch on: `import accelerate` in the
-script gets hasten.
+- `_validate_launch_command` leaves the resolved settings on the namespace
+  under Accelerate's names and returns Accelerate's config object, logging
+  Accelerate's warning for the values that fell back to defaults;
+- `launch_command` picks Accelerate's launcher by name (DeepSpeed, torchrun
+  for several GPUs or FSDP, the simple one), each of which starts the one
+  plan; a one-process run is a child process, not this one;
+- the accelerate switch is on in every process (`import accelerate` gets hasten);
+- a failed run raises `subprocess.CalledProcessError` (with `--quiet`: exits 1);
+- TPU, SageMaker and Megatron-LM runs are refused in one sentence.
 
 Example:
     >>> args = launch_command_parser().parse_args(["--cpu", "--num_processes", "1", "train.py"])
@@ -30,31 +29,25 @@ import subprocess
 import sys
 from typing import Any
 
-from ..core.environment import get_int_from_env
-from ..launch.accelerate_config_file import ClusterConfig, SageMakerConfig, default_config_file, load_config_from_file
-from ..launch.launcher_env import launcher_env, prepare_deepspeed_cmd_env, spec_from_args
-from ..options.enums import ComputeEnvironment, DistributedType
+from ..launch.accelerate_config_file import ClusterConfig, SageMakerConfig, config_object
 from ..process.aliasing import SITE_DIRECTORY
 from ..process.launch_spec import AS_ACCELERATE_ENV
+from .launch_build import build_plan, deepspeed_runs_itself
 from .launch_flags import DESCRIPTION, add_launch_arguments
+from .launch_settings import ResolvedLaunch, namespace_view, resolve_config
+from .launcher_env import prepare_deepspeed_cmd_env
 from .recording_parser import CustomArgumentParser, CustomHelpFormatter
 
 __all__ = ["launch_command_parser", "_validate_launch_command", "launch_command", "simple_launcher",
-           "multi_gpu_launcher", "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher", "main"]
+           "multi_gpu_launcher", "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher",
+           "print_notes", "run_deepspeed_itself", "switch_env", "main"]
 
 logger = logging.getLogger(__name__)
-
-# Accelerate's distributed types that mean "one process per device" (torchrun).
-_MULTI_DEVICE = (DistributedType.MULTI_GPU, DistributedType.MULTI_NPU, DistributedType.MULTI_MLU,
-                 DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA, DistributedType.MULTI_XPU,
-                 DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON)
-# a config section -> (the start its keys may already have, the prefix their launch options add otherwise)
-_SECTION_PREFIXES = {"fsdp_config": ("fsdp", "fsdp_"), "fp8_config": ("fp8", "fp8_"),
-                     "dynamo_config": ("dynamo_", "dynamo_")}
+_RESOLVED = "_launch_settings"  # the namespace attribute that keeps what `_validate_launch_command` resolved
 
 
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """Accelerate's `launch` parser: alone, or as the `launch` sub-command of `subparsers`.
+    """The launch command's parser under Accelerate's name: alone, or as the `launch` sub-command of `subparsers`.
 
     Example:
         >>> launch_command_parser().parse_args(["train.py"]).fsdp_sync_module_states
@@ -70,224 +63,119 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _device_count() -> int:
-    import torch
-
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        return int(xpu.device_count())
-    return int(torch.cuda.device_count())
-
-
-def _from_config(args: argparse.Namespace, defaults: ClusterConfig | SageMakerConfig) -> bool:
-    """Fill `args` from the config file as Accelerate does; True when the precision came from the file."""
-    if not any(getattr(args, name, False) for name in ("multi_gpu", "tpu", "tpu_use_cluster", "use_deepspeed",
-                                                       "use_fsdp", "use_megatron_lm")):
-        kind = defaults.distributed_type
-        args.use_deepspeed = kind == DistributedType.DEEPSPEED
-        args.multi_gpu = kind in _MULTI_DEVICE
-        args.tpu = kind == DistributedType.XLA
-        args.use_fsdp = kind == DistributedType.FSDP
-        args.use_megatron_lm = kind == DistributedType.MEGATRON_LM
-        args.tpu_use_cluster = getattr(defaults, "tpu_use_cluster", False) if args.tpu else False
-        args.use_parallelism_config = bool(getattr(defaults, "parallelism_config", {}))
-    if args.gpu_ids is None:
-        args.gpu_ids = defaults.gpu_ids if defaults.gpu_ids is not None else "all"
-    if args.multi_gpu and args.num_machines is None:
-        args.num_machines = defaults.num_machines
-    if args.gpu_ids != "all" and len(args.gpu_ids.split(",")) < 2 and args.multi_gpu and args.num_machines <= 1:
-        raise ValueError("Less than two GPU ids were configured for a run on multiple GPUs; give at least two in "
-                         "--gpu_ids, or --gpu_ids all.")
-    if defaults.compute_environment == ComputeEnvironment.LOCAL_MACHINE:
-        given = getattr(args, "nondefault", None)  # what the command line set wins over the file
-        for name, value in defaults.__dict__.items():
-            if isinstance(value, dict):
-                start, prefix = _SECTION_PREFIXES.get(name, ("", ""))
-                for key, item in value.items():
-                    if not key.startswith(start):
-                        key = prefix + key
-                    if given is not None and key not in given:
-                        setattr(args, key, item)
-            elif name not in ("compute_environment", "mixed_precision", "distributed_type") \
-                    and getattr(args, name, None) is None:
-                setattr(args, name, value)
-    if not args.debug:
-        args.debug = defaults.debug
-    from_config = False
-    if not args.mixed_precision:
-        args.mixed_precision = "no" if defaults.mixed_precision is None else defaults.mixed_precision
-        from_config = defaults.mixed_precision is not None
-    elif args.mixed_precision == "bf16":
-        from ..core.availability import is_bf16_available
-
-        if not is_bf16_available(True):
-            raise ValueError("bf16 mixed precision needs a device that supports it; use --mixed_precision fp16 or no.")
-    if args.dynamo_backend is None:
-        args.dynamo_backend = "no"
-    if args.num_processes == -1:
-        raise ValueError("This config file leaves num_processes to the launch (-1); pass --num_processes.")
-    return from_config
-
-
-def _without_config(args: argparse.Namespace, warned: list[str]) -> None:
-    """Accelerate's defaults for what neither the command line nor a config file gave (each one noted)."""
-    if args.num_processes is None:
-        args.num_processes = _device_count()
-        warned.append(f"\t`--num_processes` was set to a value of `{args.num_processes}`")
-    if args.debug is None:
-        args.debug = False
-    if not args.multi_gpu and args.num_processes > 1 and _device_count() > 1:
-        warned.append("\t\tMore than one GPU was found, enabling multi-GPU training.\n"
-                      "\t\tIf this was unintended please pass in `--num_processes=1`.")
-        args.multi_gpu = True
-    if args.num_machines is None:
-        warned.append("\t`--num_machines` was set to a value of `1`")
-        args.num_machines = 1
-    if args.mixed_precision is None:
-        warned.append("\t`--mixed_precision` was set to a value of `'no'`")
-        args.mixed_precision = "no"
-    if not hasattr(args, "use_cpu"):
-        args.use_cpu = args.cpu
-    if args.dynamo_backend is None:
-        warned.append("\t`--dynamo_backend` was set to a value of `'no'`")
-        args.dynamo_backend = "no"
-
-
-def _thread_count(args: argparse.Namespace, warned: list[str]) -> None:
-    """Accelerate's OMP_NUM_THREADS choice: the environment's, else 1; on CPUs, each local process's share of the cores."""
-    args.num_cpu_threads_per_process = get_int_from_env(["OMP_NUM_THREADS"], 1)
-    if args.use_cpu and args.num_processes >= 1 and get_int_from_env(["OMP_NUM_THREADS"], 0) == 0:
-        local = get_int_from_env(["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"],
-                                 max(int(args.num_processes / args.num_machines), 1))
-        import psutil
-
-        threads = int((psutil.cpu_count(logical=False) or 1) / local)
-        if threads > 1:
-            args.num_cpu_threads_per_process = threads
-            warned.append(f"\t`--num_cpu_threads_per_process` was set to `{threads}` to improve out-of-box "
-                          "performance when training on CPUs")
-
-
 def _validate_launch_command(
         args: argparse.Namespace) -> tuple[argparse.Namespace, ClusterConfig | SageMakerConfig | None, bool]:
-    """Check a parsed `accelerate launch` and fill it from the config file and Accelerate's defaults.
+    """Resolve a parsed launch (flags given > config file > defaults) and leave the settings on `args`.
 
-    Returns the namespace, the config read (None when there was none) and
-    whether the mixed precision came from it.
+    Returns the namespace, Accelerate's object for the config file read
+    (None when there was none) and whether the mixed precision came from it.
 
     Example:
         >>> args = launch_command_parser().parse_args(["--cpu", "--multi_gpu", "train.py"])
         >>> _validate_launch_command(args)
         Traceback (most recent call last):
         ...
-        ValueError: You can only use one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` at a time; keep one.
+        hasten.core.errors.ConfigError: --cpu and --multi_gpu exclude each other: keep one of them.
     """
-    if sum(bool(getattr(args, name)) for name in ("multi_gpu", "cpu", "tpu", "use_deepspeed", "use_fsdp")) > 1:
-        raise ValueError("You can only use one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` "
-                         "at a time; keep one.")
-    if args.multi_gpu and args.num_processes is not None and args.num_processes < 2:
-        raise ValueError("`--multi_gpu` needs at least 2 processes; raise --num_processes or drop --multi_gpu.")
-    if (not args.use_fsdp or args.fsdp_version == 1) and args.use_parallelism_config:
-        raise ValueError("`--use_parallelism_config` needs `--use_fsdp` and `--fsdp_version=2`; add them.")
-    defaults = None
-    warned: list[str] = []
-    from_config = False
-    if args.config_file is not None or (os.path.isfile(default_config_file) and not args.cpu):
-        defaults = load_config_from_file(args.config_file)
-        from_config = _from_config(args, defaults)
-    else:
-        _without_config(args, warned)
-    if args.debug:
-        logger.debug("Running the script in debug mode: distributed operations are checked, and slightly slower.")
-    if (defaults is None or defaults.compute_environment != ComputeEnvironment.AMAZON_SAGEMAKER) \
-            and args.num_cpu_threads_per_process is None:
-        _thread_count(args, warned)
-    if warned:
+    resolved = resolve_config(args)
+    namespace_view(resolved, args)
+    setattr(args, _RESOLVED, resolved)
+    if resolved.defaulted and not getattr(args, "quiet", False):
+        lines = [f"\t`--{name}` was set to a value of `{value!r}`" if isinstance(value, str) else
+                 f"\t`--{name}` was set to a value of `{value}`" for name, value in resolved.defaulted]
         logger.warning("The following values were not passed to `accelerate launch` and had defaults used instead:\n"
-                       + "\n".join(warned) + "\nTo avoid this warning pass in values for each of the problematic "
+                       + "\n".join(lines) + "\nTo avoid this warning pass in values for each of the problematic "
                        "parameters or run `accelerate config`.")
-    return args, defaults, from_config
+    defaults = config_object(resolved.file) if resolved.path is not None else None
+    return args, defaults, resolved.precision_from_file
 
 
-# ------------------------------------------------------------------------------------------- launchers
-def _switch_env() -> dict[str, str]:
-    """The accelerate switch in every process: Accelerate scripts import `accelerate` and get hasten."""
+def _resolved(args: argparse.Namespace) -> ResolvedLaunch:
+    """What `_validate_launch_command` resolved for `args` (a namespace that skipped it is validated now)."""
+    if getattr(args, _RESOLVED, None) is None:
+        _validate_launch_command(args)
+    return getattr(args, _RESOLVED)
+
+
+def switch_env() -> dict[str, str]:
+    """The accelerate switch in every process: scripts written for Accelerate import `accelerate` and get hasten.
+
+    Example:
+        >>> switch_env()[AS_ACCELERATE_ENV]
+        '1'
+    """
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIRECTORY]
     return {AS_ACCELERATE_ENV: "1", "PYTHONPATH": os.pathsep.join([SITE_DIRECTORY, *paths])}
 
 
-def _refuse_no_python(args: argparse.Namespace) -> None:
-    if getattr(args, "no_python", False):
-        raise ValueError("--no_python: hasten's launcher runs Python scripts and modules; drop --no_python and "
-                         "pass the script (or -m module).")
+def print_notes(resolved: ResolvedLaunch, prog: str) -> None:
+    """One line per config-file key that holds a value hasten does not use (none with --quiet)."""
+    from .launch import unused_settings
+
+    for name, help_text in unused_settings(resolved.config):
+        sys.stderr.write(f"{prog}: note: the config file's {name} ({help_text}) is not used by hasten; remove it "
+                         "from the file to silence this note.\n")
 
 
-def _port(args: argparse.Namespace) -> int | None:
-    """Accelerate's port rule on hasten's plan: 0 -> a free one; none given -> 29500, or a free one if that is taken."""
-    from ..launch.plan import DEFAULT_MULTI_NODE_PORT, port_in_use
+def run_deepspeed_itself(args: argparse.Namespace, resolved: ResolvedLaunch, switch: bool) -> int:
+    """Several machines through DeepSpeed's own launcher (`deepspeed_multinode_launcher` other than `standard`).
 
-    port = args.main_process_port
-    if port == 0:
-        return None
-    if port is None:
-        taken = args.num_machines <= 1 and port_in_use(DEFAULT_MULTI_NODE_PORT, args.main_process_ip or "127.0.0.1")
-        return None if taken else DEFAULT_MULTI_NODE_PORT
-    return int(port)
+    The refusals of `build_plan` come first; `--dry_run` prints the command.
+    """
+    from importlib.util import find_spec
+
+    from ..launch.run import run_forwarding_signals
+
+    build_plan(args, resolved, in_this_process=False)
+    view = namespace_view(resolved, argparse.Namespace(**vars(args)))
+    view.deepspeed_fields_from_accelerate_config = ",".join(
+        list(resolved.file.get("deepspeed_config") or {}) + ["mixed_precision"] * resolved.precision_from_file)
+    cmd, env = prepare_deepspeed_cmd_env(view)
+    assert cmd is not None  # several machines, not the standard launcher: DeepSpeed's own command
+    if getattr(args, "dry_run", False):
+        print(subprocess.list2cmdline(cmd))
+        return 0
+    if find_spec("deepspeed") is None:
+        raise ImportError("DeepSpeed is not installed; pip install deepspeed (or build it from source).")
+    previous = dict(os.environ)
+    os.environ.clear()
+    os.environ.update({**env, **(switch_env() if switch else {})})
+    try:
+        return run_forwarding_signals(cmd)
+    finally:
+        os.environ.clear()
+        os.environ.update(previous)
 
 
-def _run(args: argparse.Namespace, **plan_settings: Any) -> None:
-    """Start the plan's processes through hasten's launcher; a failed run raises as Accelerate's launcher does."""
-    from ..launch.plan import LaunchPlan
+def _start(args: argparse.Namespace) -> None:
+    """Start the resolved launch as Accelerate's launchers do: a child process at least, the switch on, errors raised."""
     from ..launch.run import execute
 
-    _refuse_no_python(args)
-    spec = plan_settings.pop("spec")
-    extra = {**launcher_env(args, spec), **_switch_env(), **plan_settings.pop("extra_env", {})}
-    plan = LaunchPlan(target=args.training_script, target_args=tuple(args.training_script_args or ()),
-                      module=bool(args.module), gpu_ids=str(args.gpu_ids or "all"), quiet=bool(args.quiet),
-                      spec=spec, extra_env=extra, in_this_process=False, **plan_settings).validate()
-    code = execute(plan)
+    resolved = _resolved(args)
+    if deepspeed_runs_itself(resolved.config):
+        code, command = run_deepspeed_itself(args, resolved, switch=True), ["deepspeed"]
+    else:
+        plan = build_plan(args, resolved, in_this_process=False, extra_env=switch_env())
+        if not args.quiet:
+            print_notes(resolved, "accelerate launch")
+        if args.dry_run:
+            print(plan.describe())
+            return
+        code, command = execute(plan), plan.command()
     if code != 0:
         if args.quiet:
             sys.exit(1)
-        raise subprocess.CalledProcessError(returncode=code, cmd=plan.command())
+        raise subprocess.CalledProcessError(returncode=code, cmd=command)
 
 
 def simple_launcher(args: argparse.Namespace) -> None:
-    """One Python process running the script (mpirun's N with `--mpirun_hostfile`)."""
-    spec = spec_from_args(args, "simple")
-    if args.mpirun_hostfile is None:
-        extra = {}
-        if (args.num_processes or 0) > 1 or args.num_machines > 1:  # as Accelerate: the rendezvous is announced
-            extra = {"MASTER_ADDR": args.main_process_ip or "127.0.0.1",
-                     "MASTER_PORT": str(args.main_process_port if args.main_process_port is not None else 29500)}
-        _run(args, spec=spec, extra_env=extra)
-        return
-    _run(args, spec=spec, num_processes=int(args.num_processes or 1), mpirun=True,
-         mpirun_hostfile=args.mpirun_hostfile, main_process_ip=args.main_process_ip,
-         main_process_port=args.main_process_port)
-
-
-def _torchrun_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {"num_processes": int(args.num_processes), "num_machines": int(args.num_machines),
-            "machine_rank": int(args.machine_rank or 0), "main_process_ip": args.main_process_ip,
-            "main_process_port": _port(args), "rdzv_backend": args.rdzv_backend or "static",
-            "max_restarts": int(args.max_restarts or 0), "monitor_interval": float(args.monitor_interval)}
-
-
-def _refuse_torchrun_only(args: argparse.Namespace) -> None:
-    unsupported = [flag for flag, value, default in (("--log_dir", args.log_dir, None), ("--rdzv_conf", args.rdzv_conf, ""),
-                                                     ("--role", args.role, "default"))
-                   if value not in (default, None)]
-    if unsupported:
-        raise ValueError(f"{', '.join(unsupported)}: torchrun options hasten's launcher does not take; drop them "
-                         "(hasten writes its own logs and failure records).")
+    """Accelerate's simple launcher: the run's processes (one as a child; several through torchrun; mpirun's)."""
+    _start(args)
 
 
 def multi_gpu_launcher(args: argparse.Namespace) -> None:
-    """One process per device through torchrun (also FSDP's launcher)."""
-    _refuse_torchrun_only(args)
-    _run(args, spec=spec_from_args(args, "multi_gpu"), **_torchrun_settings(args))
+    """Accelerate's torchrun launcher (several GPUs, FSDP): the run's processes through torchrun."""
+    _start(args)
 
 
 def deepspeed_launcher(args: argparse.Namespace) -> None:
@@ -296,22 +184,7 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
 
     if find_spec("deepspeed") is None:
         raise ImportError("DeepSpeed is not installed; pip install deepspeed (or build it from source).")
-    _refuse_torchrun_only(args)
-    if args.num_machines > 1 and (args.deepspeed_multinode_launcher or "pdsh") != "standard":
-        _refuse_no_python(args)
-        cmd, env = prepare_deepspeed_cmd_env(args)
-        env.update(_switch_env())
-        assert cmd is not None  # several machines, not the standard launcher: DeepSpeed's own command
-        process = subprocess.run(cmd, env=env)
-        if process.returncode != 0:
-            if args.quiet:
-                sys.exit(1)
-            raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
-        return
-    from ..launch.launcher_env import env_var_path_add
-
-    _run(args, spec=spec_from_args(args, "deepspeed"), **_torchrun_settings(args),
-         extra_env={"PYTHONPATH": env_var_path_add("PYTHONPATH", os.path.abspath("."))})
+    _start(args)
 
 
 def tpu_launcher(args: argparse.Namespace) -> None:
@@ -332,7 +205,7 @@ def sagemaker_launcher(sagemaker_config: SageMakerConfig, args: argparse.Namespa
 
 
 def launch_command(args: argparse.Namespace) -> None:
-    """Run a parsed `accelerate launch`: validate it, then start it with Accelerate's choice of launcher.
+    """Run a parsed `accelerate launch`: validate it, then start it through Accelerate's launcher of that name.
 
     Example:
         >>> launch_command(launch_command_parser().parse_args(["--tpu", "train.py"]))  # doctest: +SKIP
@@ -340,19 +213,16 @@ def launch_command(args: argparse.Namespace) -> None:
         ...
         NotImplementedError: --tpu: hasten has no TPU (torch_xla) support; run on GPUs or CPUs instead.
     """
-    args, defaults, precision_from_config = _validate_launch_command(args)
-    if args.use_deepspeed and not args.cpu:
-        fields = list(defaults.deepspeed_config or {}) if isinstance(defaults, ClusterConfig) else []
-        if precision_from_config:
-            fields.append("mixed_precision")
-        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-        deepspeed_launcher(args)
-    elif (args.use_fsdp or args.use_megatron_lm or args.multi_gpu) and not args.cpu:
-        multi_gpu_launcher(args)
-    elif args.tpu and not args.cpu:
+    args, defaults, _ = _validate_launch_command(args)
+    config = _resolved(args).config
+    if args.tpu:
         tpu_pod_launcher(args) if args.tpu_use_cluster else tpu_launcher(args)
-    elif defaults is not None and defaults.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER:
-        sagemaker_launcher(defaults, args)  # type: ignore[arg-type]
+    elif isinstance(defaults, SageMakerConfig):
+        sagemaker_launcher(defaults, args)
+    elif config.use_deepspeed:
+        deepspeed_launcher(args)
+    elif config.use_fsdp or config.num_processes > 1 or config.num_machines > 1:
+        multi_gpu_launcher(args)
     else:
         simple_launcher(args)
 

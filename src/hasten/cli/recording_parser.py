@@ -20,7 +20,7 @@ import argparse
 from typing import Any
 
 __all__ = ["CustomArgumentParser", "CustomArgumentGroup", "CustomHelpFormatter", "_StoreAction", "_StoreConstAction",
-           "_StoreTrueAction"]
+           "_StoreTrueAction", "SwitchAction"]
 
 
 def _spellings(option_strings: list[str]) -> list[str]:
@@ -82,6 +82,30 @@ class _StoreTrueAction(_StoreConstAction):
         super().__init__(option_strings, dest, const=True, default=default, required=required, help=help)
 
 
+class SwitchAction(_StoreAction):
+    """A yes/no option: ``--name`` stores True, ``--no-name`` (any spelling starting ``--no-``) stores False.
+
+    Absent, it holds its default (False, as Accelerate's store_true options);
+    given either way, it is recorded in ``nondefault``, so ``--no-cpu`` can
+    turn off what a config file turned on.
+
+    Example:
+        >>> parser = CustomArgumentParser(prog="demo")
+        >>> parser.add_argument("--cpu", "--no-cpu", action=SwitchAction, default=False)
+        >>> args = parser.parse_args(["--no-cpu"])
+        >>> args.cpu, args.nondefault
+        (False, {'cpu'})
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, default: Any = False, required: bool = False,
+                 help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, required=required, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, not (option_string or "").startswith("--no-"), option_string)
+
+
 def _ours(action: argparse.Action) -> argparse.Action:
     """The recording counterpart of a stock store / store_const / store_true action."""
     if isinstance(action, _StoreAction):
@@ -122,8 +146,22 @@ class CustomHelpFormatter(argparse.HelpFormatter):
         False
     """
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap  # an option's name (`--num-processes`) is never cut at a hyphen
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
     def _format_action_invocation(self, action: argparse.Action) -> str:
-        shown = [s for s in action.option_strings if not (s.startswith("--") and "-" in s[2:])]
+        seen: set[str] = set()  # a spelling is shown unless it is the hyphenated twin of one shown before it
+        shown = [s for s in action.option_strings
+                 if not (s.startswith("--") and ("--" + s[2:].replace("-", "_")) in seen)
+                 and not seen.add("--" + s[2:].replace("-", "_"))]
         if not action.option_strings or shown == action.option_strings:
             return super()._format_action_invocation(action)
         copy = argparse.Action.__new__(type(action))

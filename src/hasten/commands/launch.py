@@ -11,8 +11,8 @@ from ..cli.launchers import (_validate_launch_command, deepspeed_launcher, launc
                                tpu_pod_launcher)
 from ..cli.launch_flags import clean_option
 from ..cli.recording_parser import CustomHelpFormatter
-from ..launch.launcher_env import (prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env,
-                               prepare_tpu)
+from ..cli.launcher_env import (prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env,
+                            prepare_tpu)
 
 __all__ = ["CustomHelpFormatter", "_validate_launch_command", "clean_option", "deepspeed_launcher", "launch_command",
            "launch_command_parser", "logger", "main", "multi_gpu_launcher", "prepare_deepspeed_cmd_env",

@@ -28,7 +28,7 @@ from typing import Any, Optional, Union
 
 from ..options.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
 
-__all__ = ["BaseConfig", "ClusterConfig", "SageMakerConfig", "load_config_from_file", "hf_cache_home", "cache_dir",
+__all__ = ["BaseConfig", "ClusterConfig", "SageMakerConfig", "load_config_from_file", "config_object", "hf_cache_home", "cache_dir",
            "default_config_file", "default_json_config_file", "default_yaml_config_file",
            "SAGEMAKER_PYTORCH_VERSION", "SAGEMAKER_PYTHON_VERSION", "SAGEMAKER_TRANSFORMERS_VERSION",
            "SAGEMAKER_PARALLEL_EC2_INSTANCES"]
@@ -74,6 +74,20 @@ def load_config_from_file(config_file: str | None) -> "ClusterConfig | SageMaker
     local = data.get("compute_environment", ComputeEnvironment.LOCAL_MACHINE) == ComputeEnvironment.LOCAL_MACHINE
     kind = ClusterConfig if local else SageMakerConfig
     return kind.from_json_file(path) if path.endswith(".json") else kind.from_yaml_file(path)
+
+
+def config_object(data: dict[str, Any]) -> "ClusterConfig | SageMakerConfig":
+    """Accelerate's object for a config file's keys (what `_validate_launch_command` returns); hasten-only keys left out.
+
+    Example:
+        >>> config_object({"distributed_type": "MULTI_CPU", "num_processes": 2, "liveness_timeout": 30}).num_processes
+        2
+    """
+    data = {"distributed_type": "NO", **data}
+    local = data.get("compute_environment", ComputeEnvironment.LOCAL_MACHINE) == ComputeEnvironment.LOCAL_MACHINE
+    kind = ClusterConfig if local else SageMakerConfig
+    data = kind.process_config(data)
+    return kind(**{key: value for key, value in data.items() if key in {f.name for f in fields(kind)}})
 
 
 def _plain(value: Any) -> Any:

@@ -2,8 +2,10 @@
 
 Every field is declared once, here, with its type, default, help text and
 allowed values (`dataclasses.field(metadata=...)`). `hasten config` asks
-questions from it, `hasten launch` builds its flags from it, and
-`load_config` / `save_config` read and write it. Files written by Hugging
+questions from it, the launch command's flags of the same names take their
+help from it (`cli/launch_flags.py`) and their values over a file's
+(`cli/launch_settings.py`), and `load_config` / `save_config` read and
+write it. Files written by Hugging
 Face Accelerate's `config` command are read with the same key names; an
 unknown key is an error naming it.
 
@@ -24,17 +26,8 @@ from ..core.errors import ConfigError
 from ..strategies.fsdp.plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
 from ..process.launch_spec import CONFIG_FILE_ENV, MIXED_PRECISION_CHOICES, fp8_problem
 
-__all__ = [
-    "ConfigError",
-    "LaunchConfig",
-    "DeepSpeedConfig",
-    "FSDPConfig",
-    "default_config_path",
-    "load_config",
-    "save_config",
-    "migrate",
-    "config_fields",
-]
+__all__ = ["ConfigError", "LaunchConfig", "DeepSpeedConfig", "FSDPConfig", "default_config_path", "config_file_to_read",
+           "load_config", "save_config", "migrate", "config_fields"]
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 MIXED_PRECISIONS = MIXED_PRECISION_CHOICES  # spelled once, in launch_spec
@@ -70,11 +63,12 @@ class DeepSpeedConfig:
     offload_optimizer_nvme_path: str | None = option(None, "NVMe path for optimizer offload")
     offload_param_nvme_path: str | None = option(None, "NVMe path for parameter offload")
     gradient_accumulation_steps: int = option(1, "DeepSpeed gradient accumulation steps")
-    gradient_clipping: float = option(1.0, "DeepSpeed gradient clipping")
+    gradient_clipping: float | None = option(None, "DeepSpeed gradient clipping (unset: none)")
     zero3_init_flag: bool = option(False, "construct huge models directly sharded (ZeRO-3 init)")
     zero3_save_16bit_model: bool = option(False, "gather a 16-bit model when saving under ZeRO-3")
-    deepspeed_multinode_launcher: str = option("standard", "how DeepSpeed reaches other nodes",
-                                               choices=("standard", "pdsh", "openmpi", "mvapich", "mpich", "nossh"))
+    deepspeed_multinode_launcher: str = option("pdsh", "how DeepSpeed reaches the other machines (standard: torchrun)",
+                                               choices=("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh",
+                                                        "slurm"))
     deepspeed_hostfile: str | None = option(None, "DeepSpeed hostfile")
     deepspeed_inclusion_filter: str | None = option(None, "DeepSpeed inclusion filter")
     deepspeed_exclusion_filter: str | None = option(None, "DeepSpeed exclusion filter")
@@ -98,13 +92,15 @@ class FSDPConfig:
                                        choices=STATE_DICT_TYPES,
                                        question="FSDP state dict type")
     fsdp_offload_params: bool = option(False, "offload parameters to CPU")
-    fsdp_backward_prefetch: str = option("BACKWARD_PRE", "backward prefetch",
-                                         choices=("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"))
+    fsdp_backward_prefetch: str | None = option(None, "backward prefetch (FSDP1's; FSDP2 prefetches itself)",
+                                                choices=("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"))
     fsdp_forward_prefetch: bool = option(False, "forward prefetch")
     fsdp_use_orig_params: bool = option(True, "keep original parameters (needed for per-parameter optimizer groups)")
     fsdp_cpu_ram_efficient_loading: bool = option(True, "load weights on rank 0 only, then broadcast")
     fsdp_sync_module_states: bool = option(True, "broadcast module states from rank 0")
     fsdp_activation_checkpointing: bool = option(False, "activation checkpointing")
+    fsdp_activation_checkpointing_offload: bool = option(False, "offload checkpointed activations to the CPU")
+    fsdp_ignored_modules: str | None = option(None, "modules FSDP leaves unsharded (a regular expression of names)")
     fsdp_reshard_after_forward: bool = option(True, "free gathered parameters after forward")
 
 
@@ -158,8 +154,8 @@ class LaunchConfig:
     deepspeed_config: dict = option({}, "DeepSpeed settings (see DeepSpeedConfig)")
     fsdp_config: dict = option({}, "FSDP settings (see FSDPConfig)")
     main_training_function: str = option("main", "function notebook launches call")
-    # Accepted for compatibility with files from the peer tool; hasten does not use them.
-    enable_cpu_affinity: bool = option(False, "pin processes to CPU cores", ignored=True)
+    enable_cpu_affinity: bool = option(False, "pin each process to the CPU cores next to its GPU (NVIDIA, AMD)")
+    # Accepted for compatibility with Accelerate's files; hasten does not use them.
     downcast_bf16: bool = option(False, "TPU only", ignored=True)
     dynamo_config: dict = option({}, "torch.compile settings (dynamo_backend, dynamo_mode, dynamo_use_fullgraph, "
                                      "dynamo_use_dynamic, dynamo_use_regional_compilation)")
@@ -238,8 +234,8 @@ def check_layout(num_processes: int, num_machines: int, machine_rank: int, main_
             f"num_processes {num_processes} (the total across machines) is not divisible by "
             f"num_machines {num_machines}; give every machine the same number of processes."
         )
-    if main_process_port is not None and not 0 < main_process_port < 65536:
-        raise ConfigError(f"main_process_port must be between 1 and 65535, got {main_process_port}.")
+    if main_process_port is not None and not 0 <= main_process_port < 65536:
+        raise ConfigError(f"main_process_port must be between 1 and 65535 (or 0: a free one), got {main_process_port}.")
     if num_machines > 1 and not main_process_ip:
         raise ConfigError("a run on several machines needs main_process_ip (the address of the machine with rank 0).")
 
@@ -287,7 +283,8 @@ def coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
                 return ",".join(str(item) for item in value)  # `gpu_ids: [0, 1]` -> "0,1"
             if isinstance(value, (list, dict)):
                 raise ValueError
-            return str(value)
+            # a choice in another case (`full_shard`, `CPU`) is that choice
+            return next((c for c in f.metadata.get("choices") or () if str(c).lower() == str(value).lower()), str(value))
         if kind in (dict, list):
             if not isinstance(value, kind):
                 raise ValueError
@@ -303,7 +300,13 @@ def _check_value(f: dataclasses.Field, value: Any, where: str) -> None:
         raise ConfigError(f"{where}={value!r} is not one of {', '.join(map(repr, choices))}.")
 
 
-def _sub_config(schema: type, data: Mapping[str, Any], section: str) -> Any:
+def section_values(schema: type, data: Mapping[str, Any] | None, section: str) -> dict[str, Any]:
+    """A section's keys (`deepspeed_config`, `fsdp_config`), each converted to its schema type and checked.
+
+    Example:
+        >>> section_values(FSDPConfig, {"fsdp_offload_params": "false", "fsdp_sharding_strategy": "full_shard"}, "fsdp")
+        {'fsdp_offload_params': False, 'fsdp_sharding_strategy': 'FULL_SHARD'}
+    """
     known = {f.name: f for f in fields(schema)}
     values = {}
     for key, value in (data or {}).items():
@@ -313,7 +316,11 @@ def _sub_config(schema: type, data: Mapping[str, Any], section: str) -> Any:
             raise ConfigError(f"unknown key {section}.{key}{hint}; known keys: {', '.join(sorted(known))}.")
         values[key] = coerce(known[key], value, f"{section}.{key}")
         _check_value(known[key], values[key], f"{section}.{key}")
-    return schema(**values)
+    return values
+
+
+def _sub_config(schema: type, data: Mapping[str, Any], section: str) -> Any:
+    return schema(**section_values(schema, data, section))
 
 
 # ---------------------------------------------------------------------------- migration of old / peer files
@@ -417,6 +424,22 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
         return Path(env[CONFIG_FILE_ENV]).expanduser()
     base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", os.path.expanduser("~")), ".config")
     return Path(base) / "hasten" / "default_config.yaml"
+
+
+def config_file_to_read(explicit: str | os.PathLike[str] | None = None,
+                        env: Mapping[str, str] | None = None) -> Path | None:
+    """The file a launch reads: `explicit`, else hasten's default file, else Accelerate's; None when none exists.
+
+    Example:
+        >>> config_file_to_read("c.yaml")
+        PosixPath('c.yaml')
+    """
+    if explicit is not None:
+        return Path(explicit)
+    from .accelerate_config_file import default_config_file
+
+    hastens = default_config_path(env)
+    return next((path for path in (hastens, Path(default_config_file)) if path.is_file()), None)
 
 
 def read_raw(path: str | os.PathLike[str]) -> Any:

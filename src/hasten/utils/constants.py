@@ -17,7 +17,7 @@ from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the p
 from ..checkpointing.constants import __all__ as _names
 from ..launch.accelerate_config_file import (SAGEMAKER_PARALLEL_EC2_INSTANCES, SAGEMAKER_PYTHON_VERSION, SAGEMAKER_PYTORCH_VERSION,
                                   SAGEMAKER_TRANSFORMERS_VERSION)
-from ..launch.launcher_env import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_LAUNCH_PARAMS
+from ..cli.launcher_env import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_LAUNCH_PARAMS
 from ..options.configuration import TORCH_DYNAMO_MODES
 from ..options.enums import CUDA_DISTRIBUTED_TYPES, TORCH_DISTRIBUTED_OPERATION_TYPES
 from ..options.kwargs import PROFILE_PATTERN_NAME

@@ -1,16 +1,17 @@
-"""Accelerate's launch helpers (``accelerate.utils.launch``): a parsed `accelerate launch` command -> command + environment.
+"""Accelerate's launch helpers (``accelerate.utils.launch``): a filled launch namespace -> command + environment.
 
-Each `prepare_*` function takes the namespace of Accelerate's launch parser
-(`hasten.cli.launchers.launch_command_parser`, after
-`_validate_launch_command`) and returns what Accelerate's returns for it:
-the command to run, where that launcher builds one, and the environment —
-the caller's, plus the `ACCELERATE_*` / `FSDP_*` / `PARALLELISM_CONFIG_*`
-variables and the launcher's own (`OMP_NUM_THREADS`, `CUDA_VISIBLE_DEVICES`,
-`MASTER_ADDR` ...). The settings are decided once, as the `LaunchSpec` a
-hasten launcher hands its processes (`spec_from_args`); the variables are
-derived from it by `LaunchSpec.peer_env`, the one place that writes them, and
-the spec itself is in the environment too, so a hasten script started with
-it runs as configured.
+Each `prepare_*` function takes a namespace of the launch command's flags
+(`launch_command_parser`, after `_validate_launch_command`, or one built by
+hand) and returns what Accelerate's returns for it: the command to run,
+where that launcher builds one, and the environment — the caller's, plus
+the `ACCELERATE_*` / `FSDP_*` / `PARALLELISM_CONFIG_*` variables and the
+launcher's own (`OMP_NUM_THREADS`, `CUDA_VISIBLE_DEVICES`, `MASTER_ADDR`
+...). The namespace is read by the launch command's one resolution
+(`launch_settings.settings_of_namespace`, every value counting as given),
+the spec built by its `spec_for`; the variables are derived from the spec by
+`LaunchSpec.peer_env`, the one place that writes them, and the spec itself
+is in the environment too, so a hasten script started with it runs as
+configured.
 
 Example:
     >>> import argparse
@@ -25,18 +26,20 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
 import warnings
 from shutil import which
-from typing import Any, Mapping
+from typing import Mapping
 
 from ..core.availability import compare_versions, is_fp8_available
-from ..core.environment import str_to_bool
-from ..options.enums import DynamoBackend, PrecisionType
-from ..process.launch_spec import LaunchSpec, dynamo_settings, fp8_settings
+from ..options.enums import PrecisionType
+from ..process.launch_spec import LaunchSpec, fp8_settings
 from ..process.ports import get_free_port, is_port_in_use
+from .launch_build import spec_for
+from .launch_settings import settings_of_namespace
 
 __all__ = ["DEEPSPEED_MULTINODE_LAUNCHERS", "TORCH_LAUNCH_PARAMS", "spec_from_args", "launcher_env", "_filter_args", "_get_mpirun_args",
            "setup_fp8_env", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
@@ -49,20 +52,6 @@ DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpic
 TORCH_LAUNCH_PARAMS = ["nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
                        "max_restarts", "monitor_interval", "start_method", "role", "module", "m", "no_python", "run_path",
                        "log_dir", "r", "redirects", "t", "tee", "node_rank", "master_addr", "master_port"]
-# the FSDP options Accelerate's launcher passes as true/false words
-_FSDP_FLAGS = ("fsdp_reshard_after_forward", "fsdp_offload_params", "fsdp_forward_prefetch", "fsdp_use_orig_params",
-               "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states", "fsdp_activation_checkpointing",
-               "fsdp_activation_checkpointing_offload")
-_FSDP_VALUES = ("fsdp_version", "fsdp_sharding_strategy", "fsdp_min_num_params", "fsdp_auto_wrap_policy",
-                "fsdp_transformer_layer_cls_to_wrap", "fsdp_backward_prefetch", "fsdp_state_dict_type",
-                "fsdp_ignored_modules")
-_DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
-                   "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping", "zero3_init_flag",
-                   "zero3_save_16bit_model", "deepspeed_config_file", "deepspeed_moe_layer_cls_names",
-                   "deepspeed_multinode_launcher", "deepspeed_hostfile", "deepspeed_inclusion_filter",
-                   "deepspeed_exclusion_filter")
-
-
 def _filter_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
                  default_args: list[str] | None = None) -> argparse.Namespace:
     """`parser`'s namespace for `default_args`, with every value `args` also has copied over (what torchrun takes).
@@ -103,17 +92,6 @@ def _precision(args: argparse.Namespace) -> str:
         raise ValueError(f"Unknown mixed_precision mode: {value}; choose one of {PrecisionType.list()}.") from None
 
 
-def _dynamo(args: argparse.Namespace) -> dict[str, Any] | None:
-    backend = str(args.dynamo_backend).upper()
-    try:
-        DynamoBackend(backend)
-    except ValueError:
-        raise ValueError(f"Unknown dynamo backend: {backend}; choose one of {DynamoBackend.list()}.") from None
-    return dynamo_settings({"dynamo_backend": backend, "dynamo_mode": getattr(args, "dynamo_mode", "default"),
-                            **{f"dynamo_{key}": bool(getattr(args, f"dynamo_{key}", False))
-                               for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")}})
-
-
 def _fp8_variables(args: argparse.Namespace) -> dict[str, str]:
     """The ACCELERATE_FP8_* variables of the `--fp8_*` options given (through `fp8_settings`, their one writer)."""
     given = {key: value for key, value in vars(args).items() if key.startswith("fp8_") and value is not None}
@@ -129,13 +107,6 @@ def _fp8(args: argparse.Namespace) -> dict[str, str]:
     return _fp8_variables(args)
 
 
-def _flag(value: Any) -> Any:
-    """Accelerate's "true"/"false" words as booleans; anything else as it is."""
-    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-        return bool(str_to_bool(value))
-    return value
-
-
 def _parallelism(args: argparse.Namespace) -> dict[str, str]:
     """The PARALLELISM_CONFIG_* values Accelerate's launcher exports (sp and cp details only when those are on)."""
     keys = ["dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size", "sp_backend"]
@@ -147,7 +118,7 @@ def _parallelism(args: argparse.Namespace) -> dict[str, str]:
 
 
 def spec_from_args(args: argparse.Namespace, launcher: str = "simple") -> LaunchSpec:
-    """The launch spec of a validated `accelerate launch` namespace, for Accelerate's `launcher` of that name.
+    """The launch spec of a filled launch namespace, for Accelerate's `launcher` of that name.
 
     `launcher` is "simple" (one process, or mpirun), "multi_gpu" (torchrun,
     also for FSDP) or "deepspeed": as in Accelerate, each exports only its
@@ -161,38 +132,20 @@ def spec_from_args(args: argparse.Namespace, launcher: str = "simple") -> Launch
     if getattr(args, "use_megatron_lm", False) and launcher != "simple":
         raise ValueError("--use_megatron_lm: hasten has no Megatron-LM engine; use FSDP (--use_fsdp) or DeepSpeed "
                          "(--use_deepspeed) instead.")
-    precision = _precision(args)
-    fsdp = deepspeed = parallelism = None
-    if launcher == "multi_gpu" and getattr(args, "use_fsdp", False):
-        if _flag(args.fsdp_cpu_ram_efficient_loading) is True and _flag(args.fsdp_sync_module_states) is not True:
-            raise ValueError("--fsdp_cpu_ram_efficient_loading needs --fsdp_sync_module_states true (the weights "
-                             "loaded on the main process reach the others that way); set it or drop the former.")
-        fsdp = {key: _flag(getattr(args, key, None)) for key in _FSDP_FLAGS}
-        fsdp.update({key: getattr(args, key, None) for key in _FSDP_VALUES})
-        fsdp["fsdp_version"] = str(getattr(args, "fsdp_version", None) or 1)
-        fsdp = {key: value for key, value in fsdp.items() if value is not None}
-    if launcher == "deepspeed":
-        deepspeed = {key: getattr(args, key, None) for key in _DEEPSPEED_KEYS}
-        for key in ("zero3_init_flag", "zero3_save_16bit_model"):
-            deepspeed[key] = _flag(deepspeed[key])
-        for key in ("offload_optimizer_device", "offload_param_device"):
-            deepspeed[key] = None if deepspeed[key] is None else str(deepspeed[key]).lower()
-        deepspeed = {key: value for key, value in deepspeed.items() if value is not None}
-    if launcher != "simple" and getattr(args, "use_parallelism_config", False):
-        parallelism = _parallelism(args)
+    _precision(args)
+    if str(args.mixed_precision).lower() == "fp8":
+        _fp8(args)
+    settings = settings_of_namespace(args)
+    fsdp = launcher == "multi_gpu" and bool(getattr(args, "use_fsdp", False))
+    if fsdp and settings.fsdp.fsdp_cpu_ram_efficient_loading and not settings.fsdp.fsdp_sync_module_states:
+        raise ValueError("--fsdp_cpu_ram_efficient_loading needs --fsdp_sync_module_states true (the weights "
+                         "loaded on the main process reach the others that way); set it or drop the former.")
+    parallelism = _parallelism(args) if launcher != "simple" and getattr(args, "use_parallelism_config", False) else {}
+    settings = dataclasses.replace(settings, use_fsdp=fsdp, use_deepspeed=launcher == "deepspeed",
+                                   parallelism_config={f"parallelism_config_{k}": v for k, v in parallelism.items()})
     fields = getattr(args, "deepspeed_fields_from_accelerate_config", None)
-    return LaunchSpec(
-        mixed_precision=precision,
-        cpu=bool(getattr(args, "cpu", False) or getattr(args, "use_cpu", False)),
-        debug=bool(getattr(args, "debug", False)),
-        deepspeed=deepspeed,
-        fsdp=fsdp,
-        dynamo=_dynamo(args),
-        parallelism=parallelism,
-        fp8=_fp8(args) if precision == "fp8" else None,
-        cpu_affinity=bool(getattr(args, "enable_cpu_affinity", False)),
-        deepspeed_config_fields=None if fields is None or launcher != "deepspeed" else str(fields),
-    )
+    steps = getattr(args, "gradient_accumulation_steps", None) if launcher == "deepspeed" else None
+    return spec_for(settings, steps, None if fields is None else str(fields))
 
 
 def launcher_env(args: argparse.Namespace, spec: LaunchSpec) -> dict[str, str]:
@@ -206,7 +159,7 @@ def launcher_env(args: argparse.Namespace, spec: LaunchSpec) -> dict[str, str]:
     gpu_ids = getattr(args, "gpu_ids", None)
     if gpu_ids not in (None, "all"):
         env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids)
-    if spec.cpu:  # Intel OpenMP: pin threads close together, spin briefly (Accelerate's CPU settings)
+    if spec.cpu:  # Intel OpenMP: threads pinned close together, brief spinning (Accelerate's simple launcher)
         env.update({"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"})
     return env
 
