@@ -295,3 +295,38 @@ def test_same_losses_as_accelerate(scenario):
         pytest.importorskip("torchao")
     ours = _losses("hasten", scenario)
     assert _losses("accelerate", scenario) == ours
+
+
+# -- Transformer Engine on a DeepSpeed engine, against the stand-in TE of tests/test_fp8_te.py ------------------------
+from test_fp8_te import fake_te  # noqa: E402,F401  (the fixture: TE's modules as recording torch layers)
+
+
+def test_transformer_engine_under_deepspeed_with_a_stand_in(fake_te):  # noqa: F811
+    """The layers converted before the engine is built, and every forward inside TE's fp8_autocast with the recipe of
+    the `TERecipeKwargs` given (Accelerate passes only the deprecated FP8RecipeKwargs' fields there). TE's kernels
+    themselves are untested (no GPU)."""
+    from hasten.utils import TERecipeKwargs
+
+    accelerator = Accelerator(mixed_precision="fp8", deepspeed_plugin=DeepSpeedPlugin(zero_stage=2),
+                              kwargs_handlers=[TERecipeKwargs(margin=2, amax_history_len=16)])
+    assert accelerator.fp8_backend.value == "TE"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = torch.utils.data.DataLoader(torch.randn(16, 16, generator=torch.Generator().manual_seed(1)), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    assert type(model).__name__ == "DeepSpeedEngine" and model.bfloat16_enabled()
+    assert [type(m) for m in model.module] == [fake_te.te.Linear, torch.nn.ReLU, fake_te.te.Linear]
+    fake_te.clear()
+    losses = []
+    for x in loader:
+        loss = model(x).float().pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert len(fake_te.autocasts) == 4 and all(enabled for enabled, _ in fake_te.autocasts)
+    recipe = fake_te.autocasts[0][1]
+    assert recipe.kwargs["margin"] == 2 and recipe.kwargs["amax_history_len"] == 16
+    assert {enabled for _, enabled, _ in fake_te.forwards} == {True}
+    assert losses[-1] < losses[0]
