@@ -118,10 +118,10 @@ def save_checkpoint(saveset: SaveSet, output_dir: str | None = None, safe_serial
             raise CheckpointError(reply["error"])
         if reply["mode"] == "alone":  # some other process did not call save_state: the main process saved alone
             return Path(reply["target"])
-        layout = SaveLayout.from_json(reply["layout"]) if reply.get("layout") else None
-        target = Path(reply["target"] if layout is None else layout.dirs[process.rank])  # with a layout, its own
+        given = SaveLayout.from_json(reply["layout"]) if reply.get("layout") else None
+        target = Path(reply["target"] if given is None else given.dirs[process.rank])  # with a layout, its own
         return _save(saveset, target, reply["automatic"], safe_serialization, together=True,
-                     iteration=reply["iteration"], in_background=async_save, layout=layout)
+                     iteration=reply["iteration"], in_background=async_save, layout=given)
 
     decision = handshake.decide(n, site)
     layout: SaveLayout | None = None

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
     from ..checkpointing.project import ProjectConfiguration
     from ..data.loader import PreparedDataLoader
+    from ..options import DataLoaderConfiguration
     from ..runtime.gradient_state import GradientState
     from ..runtime.optimizer import AcceleratedOptimizer
     from ..runtime.scheduler import AcceleratedScheduler
@@ -96,7 +97,7 @@ class CheckpointPart:
     gradient_state: GradientState
     scaler: torch.amp.GradScaler | None
     project_configuration: ProjectConfiguration
-    use_stateful_dataloader: bool
+    dataloader_config: DataLoaderConfiguration  # `use_stateful_dataloader`: loaders resume their position
     _models: list[nn.Module]  # Accelerate's view (what the hooks receive)
     _wrappers: dict[int, nn.Module]  # id of a `_models` entry -> the prepared model behind it, where they differ
     _optimizers: list[AcceleratedOptimizer]
@@ -144,7 +145,8 @@ class CheckpointPart:
             hook_models=list(self._models), optimizers=list(self._optimizers),
             schedulers=list(self._schedulers), dataloaders=list(self._dataloaders), custom=list(self._custom_objects),
             scaler=self.scaler, save_pre_hooks=list(self._save_state_pre_hooks.values()),
-            load_pre_hooks=list(self._load_state_pre_hooks.values()), restore_position=self.use_stateful_dataloader,
+            load_pre_hooks=list(self._load_state_pre_hooks.values()),
+            restore_position=self.dataloader_config.use_stateful_dataloader,
             notes=self._run_notes if self._boundary_watch.counting else None,
         )
 
