@@ -15,9 +15,9 @@ import os
 import sys
 from typing import Any
 
-from ..launch.config import ConfigError, LaunchConfig, config_fields, default_of
+from ..launch.config import ConfigError
 from ..process.launch_spec import AS_ACCELERATE_ENV
-from .launch_build import build_plan as _build_plan, deepspeed_runs_itself
+from .launch_build import build_plan as _build_plan, deepspeed_runs_itself, print_notes, switch_env, unused_settings
 from .launch_flags import DESCRIPTION, add_launch_arguments
 from .launch_settings import ResolvedLaunch, resolve_config
 from .recording_parser import CustomHelpFormatter
@@ -66,30 +66,14 @@ def launch_parser() -> argparse.ArgumentParser:
 
 def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch) -> Any:
     """The `LaunchPlan` `hasten launch` runs for `resolved` (a one-process run in this process)."""
-    extra = {}
-    if args.as_accelerate or os.environ.get(AS_ACCELERATE_ENV) == "1":
-        from .launchers import switch_env
-
-        extra = switch_env()
+    extra = switch_env() if args.as_accelerate or os.environ.get(AS_ACCELERATE_ENV) == "1" else {}
     return _build_plan(args, resolved, in_this_process=True, extra_env=extra)
-
-
-def unused_settings(config: LaunchConfig) -> list[tuple[str, str]]:
-    """Compatibility keys of the config file that hold a value hasten does not use: (name, what it is for).
-
-    Example:
-        >>> from hasten.launch.config import from_dict
-        >>> unused_settings(from_dict({"tpu_name": "pod-1"}, source="example"))
-        [('tpu_name', 'TPU only')]
-    """
-    return [(f.name, f.metadata["help"]) for f in config_fields(LaunchConfig, include_ignored=True)
-            if f.metadata["ignored"] and getattr(config, f.name) != default_of(f)]
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `hasten launch` for parsed arguments; returns the exit code for the shell."""
     from ..launch.plan import LaunchError
-    from .launchers import print_notes, run_deepspeed_itself
+    from .launcher_env import run_deepspeed_itself
 
     switch = bool(args.as_accelerate or os.environ.get(AS_ACCELERATE_ENV) == "1")
     try:

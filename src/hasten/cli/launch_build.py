@@ -17,13 +17,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from typing import Any, Mapping
 
-from ..launch.config import ConfigError, DeepSpeedConfig, FSDPConfig, LaunchConfig, section_values
+from ..launch.config import (ConfigError, DeepSpeedConfig, FSDPConfig, LaunchConfig, config_fields, default_of,
+                             section_values)
+from ..process.aliasing import SITE_DIRECTORY
+from ..process.launch_spec import AS_ACCELERATE_ENV
 from .launch_settings import ResolvedLaunch
 
-__all__ = ["REFUSED", "build_plan", "spec_for", "refuse_what_hasten_lacks", "launch_env",
-           "deepspeed_runs_itself"]
+__all__ = ["REFUSED", "build_plan", "spec_for", "refuse_what_hasten_lacks", "launch_env", "deepspeed_runs_itself",
+           "unused_settings", "print_notes", "switch_env"]
 
 _DEEPSPEED = {f.name for f in dataclasses.fields(DeepSpeedConfig)} - {"gradient_accumulation_steps"}
 _FSDP = {f.name for f in dataclasses.fields(FSDPConfig)}
@@ -240,3 +244,33 @@ def deepspeed_runs_itself(config: LaunchConfig) -> bool:
     """
     launcher = (config.deepspeed_config or {}).get("deepspeed_multinode_launcher") or "pdsh"
     return config.use_deepspeed and config.num_machines > 1 and launcher != "standard"
+
+
+def unused_settings(config: LaunchConfig) -> list[tuple[str, str]]:
+    """Compatibility keys of the config file that hold a value hasten does not use: (name, what it is for).
+
+    Example:
+        >>> from hasten.launch.config import from_dict
+        >>> unused_settings(from_dict({"tpu_name": "pod-1"}, source="example"))
+        [('tpu_name', 'TPU only')]
+    """
+    return [(f.name, f.metadata["help"]) for f in config_fields(LaunchConfig, include_ignored=True)
+            if f.metadata["ignored"] and getattr(config, f.name) != default_of(f)]
+
+
+def print_notes(resolved: ResolvedLaunch, prog: str) -> None:
+    """One line per config-file key that holds a value hasten does not use (none with --quiet)."""
+    for name, help_text in unused_settings(resolved.config):
+        sys.stderr.write(f"{prog}: note: the config file's {name} ({help_text}) is not used by hasten; remove it "
+                         "from the file to silence this note.\n")
+
+
+def switch_env() -> dict[str, str]:
+    """The accelerate switch in every process: scripts written for Accelerate import `accelerate` and get hasten.
+
+    Example:
+        >>> switch_env()[AS_ACCELERATE_ENV]
+        '1'
+    """
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIRECTORY]
+    return {AS_ACCELERATE_ENV: "1", "PYTHONPATH": os.pathsep.join([SITE_DIRECTORY, *paths])}

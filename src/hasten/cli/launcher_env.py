@@ -39,9 +39,9 @@ from ..options.enums import PrecisionType
 from ..process.launch_spec import LaunchSpec, fp8_settings
 from ..process.ports import get_free_port, is_port_in_use
 from .launch_build import spec_for
-from .launch_settings import settings_of_namespace
+from .launch_settings import ResolvedLaunch, settings_of_namespace
 
-__all__ = ["DEEPSPEED_MULTINODE_LAUNCHERS", "TORCH_LAUNCH_PARAMS", "spec_from_args", "launcher_env", "_filter_args", "_get_mpirun_args",
+__all__ = ["DEEPSPEED_MULTINODE_LAUNCHERS", "TORCH_LAUNCH_PARAMS", "spec_from_args", "launcher_env", "run_deepspeed_itself", "_filter_args", "_get_mpirun_args",
            "setup_fp8_env", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
            "prepare_extend_env_parallelism_config", "prepare_deepspeed_cmd_env", "prepare_tpu", "env_var_path_add",
            "subprocess", "which"]
@@ -320,3 +320,35 @@ def prepare_tpu(args: argparse.Namespace, current_env: dict[str, str],
     if pod:  # the names torch_xla's pod launcher reads
         args.vm, args.tpu = args.tpu_vm, args.tpu_name
     return args, current_env
+
+
+def run_deepspeed_itself(args: argparse.Namespace, resolved: ResolvedLaunch, switch: bool) -> int:
+    """Several machines through DeepSpeed's own launcher (`deepspeed_multinode_launcher` other than `standard`).
+
+    The refusals of `build_plan` come first; `--dry_run` prints the command.
+    """
+    from importlib.util import find_spec
+
+    from ..launch.run import run_forwarding_signals
+    from .launch_build import build_plan, switch_env
+    from .launch_settings import namespace_view
+
+    build_plan(args, resolved, in_this_process=False)
+    view = namespace_view(resolved, argparse.Namespace(**vars(args)))
+    view.deepspeed_fields_from_accelerate_config = ",".join(
+        list(resolved.file.get("deepspeed_config") or {}) + ["mixed_precision"] * resolved.precision_from_file)
+    cmd, env = prepare_deepspeed_cmd_env(view)
+    assert cmd is not None  # several machines, not the standard launcher: DeepSpeed's own command
+    if getattr(args, "dry_run", False):
+        print(subprocess.list2cmdline(cmd))
+        return 0
+    if find_spec("deepspeed") is None:
+        raise ImportError("DeepSpeed is not installed; pip install deepspeed (or build it from source).")
+    previous = dict(os.environ)
+    os.environ.clear()
+    os.environ.update({**env, **(switch_env() if switch else {})})
+    try:
+        return run_forwarding_signals(cmd)
+    finally:
+        os.environ.clear()
+        os.environ.update(previous)

@@ -24,23 +24,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import subprocess
 import sys
 from typing import Any
 
 from ..launch.accelerate_config_file import ClusterConfig, SageMakerConfig, config_object
-from ..process.aliasing import SITE_DIRECTORY
-from ..process.launch_spec import AS_ACCELERATE_ENV
-from .launch_build import build_plan, deepspeed_runs_itself
+from .launch_build import build_plan, deepspeed_runs_itself, print_notes, switch_env
 from .launch_flags import DESCRIPTION, add_launch_arguments
 from .launch_settings import ResolvedLaunch, namespace_view, resolve_config
-from .launcher_env import prepare_deepspeed_cmd_env
+from .launcher_env import run_deepspeed_itself
 from .recording_parser import CustomArgumentParser, CustomHelpFormatter
 
 __all__ = ["launch_command_parser", "_validate_launch_command", "launch_command", "simple_launcher",
-           "multi_gpu_launcher", "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher",
-           "print_notes", "run_deepspeed_itself", "switch_env", "main"]
+           "multi_gpu_launcher", "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher", "main"]
 
 logger = logging.getLogger(__name__)
 _RESOLVED = "_launch_settings"  # the namespace attribute that keeps what `_validate_launch_command` resolved
@@ -95,56 +91,6 @@ def _resolved(args: argparse.Namespace) -> ResolvedLaunch:
     if getattr(args, _RESOLVED, None) is None:
         _validate_launch_command(args)
     return getattr(args, _RESOLVED)
-
-
-def switch_env() -> dict[str, str]:
-    """The accelerate switch in every process: scripts written for Accelerate import `accelerate` and get hasten.
-
-    Example:
-        >>> switch_env()[AS_ACCELERATE_ENV]
-        '1'
-    """
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIRECTORY]
-    return {AS_ACCELERATE_ENV: "1", "PYTHONPATH": os.pathsep.join([SITE_DIRECTORY, *paths])}
-
-
-def print_notes(resolved: ResolvedLaunch, prog: str) -> None:
-    """One line per config-file key that holds a value hasten does not use (none with --quiet)."""
-    from .launch import unused_settings
-
-    for name, help_text in unused_settings(resolved.config):
-        sys.stderr.write(f"{prog}: note: the config file's {name} ({help_text}) is not used by hasten; remove it "
-                         "from the file to silence this note.\n")
-
-
-def run_deepspeed_itself(args: argparse.Namespace, resolved: ResolvedLaunch, switch: bool) -> int:
-    """Several machines through DeepSpeed's own launcher (`deepspeed_multinode_launcher` other than `standard`).
-
-    The refusals of `build_plan` come first; `--dry_run` prints the command.
-    """
-    from importlib.util import find_spec
-
-    from ..launch.run import run_forwarding_signals
-
-    build_plan(args, resolved, in_this_process=False)
-    view = namespace_view(resolved, argparse.Namespace(**vars(args)))
-    view.deepspeed_fields_from_accelerate_config = ",".join(
-        list(resolved.file.get("deepspeed_config") or {}) + ["mixed_precision"] * resolved.precision_from_file)
-    cmd, env = prepare_deepspeed_cmd_env(view)
-    assert cmd is not None  # several machines, not the standard launcher: DeepSpeed's own command
-    if getattr(args, "dry_run", False):
-        print(subprocess.list2cmdline(cmd))
-        return 0
-    if find_spec("deepspeed") is None:
-        raise ImportError("DeepSpeed is not installed; pip install deepspeed (or build it from source).")
-    previous = dict(os.environ)
-    os.environ.clear()
-    os.environ.update({**env, **(switch_env() if switch else {})})
-    try:
-        return run_forwarding_signals(cmd)
-    finally:
-        os.environ.clear()
-        os.environ.update(previous)
 
 
 def _start(args: argparse.Namespace) -> None:

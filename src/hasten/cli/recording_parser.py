@@ -159,9 +159,12 @@ class CustomHelpFormatter(argparse.HelpFormatter):
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
         seen: set[str] = set()  # a spelling is shown unless it is the hyphenated twin of one shown before it
-        shown = [s for s in action.option_strings
-                 if not (s.startswith("--") and ("--" + s[2:].replace("-", "_")) in seen)
-                 and not seen.add("--" + s[2:].replace("-", "_"))]
+        shown = []
+        for option in action.option_strings:
+            canonical = "--" + option[2:].replace("-", "_") if option.startswith("--") else option
+            if canonical not in seen:
+                shown.append(option)
+            seen.add(canonical)
         if not action.option_strings or shown == action.option_strings:
             return super()._format_action_invocation(action)
         copy = argparse.Action.__new__(type(action))
