@@ -183,11 +183,11 @@ class LaunchConfig:
 
     @property
     def deepspeed(self) -> DeepSpeedConfig:
-        return _sub_config(DeepSpeedConfig, self.deepspeed_config, "deepspeed_config")
+        return DeepSpeedConfig(**section_values(DeepSpeedConfig, self.deepspeed_config, "deepspeed_config"))
 
     @property
     def fsdp(self) -> FSDPConfig:
-        return _sub_config(FSDPConfig, self.fsdp_config, "fsdp_config")
+        return FSDPConfig(**section_values(FSDPConfig, self.fsdp_config, "fsdp_config"))
 
     def validate(self) -> "LaunchConfig":
         """Refuse impossible combinations with one sentence each; returns self."""
@@ -319,11 +319,7 @@ def section_values(schema: type, data: Mapping[str, Any] | None, section: str) -
     return values
 
 
-def _sub_config(schema: type, data: Mapping[str, Any], section: str) -> Any:
-    return schema(**section_values(schema, data, section))
-
-
-# ---------------------------------------------------------------------------- migration of old / peer files
+# ---------------------------------------------------------------------------- migration of old / Accelerate's files
 _FSDP_SHARDING_BY_NUMBER = {1: "FULL_SHARD", 2: "SHARD_GRAD_OP", 3: "NO_SHARD", 4: "HYBRID_SHARD", 5: "HYBRID_SHARD_ZERO2"}
 _RENAMED_FSDP_KEYS = {"fsdp_backward_prefetch_policy": "fsdp_backward_prefetch"}
 
@@ -426,20 +422,18 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "hasten" / "default_config.yaml"
 
 
-def config_file_to_read(explicit: str | os.PathLike[str] | None = None,
-                        env: Mapping[str, str] | None = None) -> Path | None:
+def config_file_to_read(explicit: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path | None:
     """The file a launch reads: `explicit`, else hasten's default file, else Accelerate's; None when none exists.
 
     Example:
         >>> config_file_to_read("c.yaml")
         PosixPath('c.yaml')
     """
-    if explicit is not None:
-        return Path(explicit)
     from .accelerate_config_file import default_config_file
 
-    hastens = default_config_path(env)
-    return next((path for path in (hastens, Path(default_config_file)) if path.is_file()), None)
+    if explicit is not None:
+        return Path(explicit)
+    return next((path for path in (default_config_path(env), Path(default_config_file)) if path.is_file()), None)
 
 
 def read_raw(path: str | os.PathLike[str]) -> Any:
