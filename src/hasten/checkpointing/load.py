@@ -333,7 +333,8 @@ def load_checkpoint(saveset: SaveSet, input_dir: str | None = None,
             on_missing_rng(note)
     if contents.rng is None and on_missing_rng is not None:
         saved_by = contents.manifest.get("saved_by")
-        who = ("the main process alone" if saved_by == [0] else
+        alone = saved_by == [0] and contents.manifest.get("num_processes", 1) > 1  # a run of N saved by process 0 only
+        who = ("the main process alone" if alone else "1 process" if saved_by == [0] else
                f"processes {saved_by}" if saved_by is not None else f"{contents.manifest.get('num_processes')} processes")
         on_missing_rng(f"{contents.path} has no RNG state for process {saveset.process.rank} (it was saved by "
                        f"{who}); this process keeps its own random state.")

@@ -25,13 +25,20 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .network import is_loopback, local_address_for, owns_address
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
 
-__all__ = ["RDZV_DEFAULTS", "RUN_ID", "elastic_spec", "elastic_torchrun_argv", "store_lost", "is_store_lost"]
+__all__ = ["RDZV_DEFAULTS", "RUN_ID", "elastic_spec", "elastic_torchrun_argv", "store_lost", "is_store_lost",
+           "StoreWatch", "LEAVE_GRACE"]
 
+LEAVE_GRACE = 2.0  # seconds a cut-off machine's agent has to stop on its own before the launcher leaves by itself
 RUN_ID = "hasten"  # every machine of the run gives the same id (the endpoint already names the run)
 # torch's defaults, but for the wait after MIN machines met: 30 s is most of the budget of a shrink (the lost
 # machine's heartbeats expire in 15 s, then the survivors wait this long for more machines before going on).
@@ -44,21 +51,31 @@ def elastic_spec(plan: "LaunchPlan") -> dict[str, int]:
     Example:
         >>> from hasten.launch.plan import LaunchPlan
         >>> elastic_spec(LaunchPlan(target="t.py", num_processes=4, num_machines=2, min_machines=1))
-        {'min_processes': 2, 'max_processes': 4, 'processes_per_machine': 2}
+        {'min_processes': 2, 'max_processes': 4, 'processes_per_machine': 2, 'liveness_timeout': 45.0}
     """
     per_machine = plan.processes_per_machine
     return {"min_processes": int(plan.min_machines or plan.num_machines) * per_machine,
-            "max_processes": plan.num_processes, "processes_per_machine": per_machine}
+            "max_processes": plan.num_processes, "processes_per_machine": per_machine,
+            "liveness_timeout": float(plan.liveness_timeout)}
 
 
 def elastic_torchrun_argv(plan: "LaunchPlan") -> list[str]:
     """torchrun's arguments for an elastic plan: ``--nnodes MIN:MAX`` on the c10d rendezvous of the main machine."""
     conf = {**RDZV_DEFAULTS, **dict(plan.rdzv_conf or {})}
+    if not is_loopback(plan.master_addr):
+        # torch decides who hosts the store by the hostname's addresses, which need not include the address the
+        # run names (several interfaces, a hostname resolving elsewhere): the machine that carries it hosts it
+        conf.setdefault("is_host", int(owns_address(plan.master_addr)))
     rendered = ",".join(f"{key}={value}" for key, value in conf.items())
-    return [f"--nnodes={plan.min_machines}:{plan.num_machines}", f"--nproc-per-node={plan.processes_per_machine}",
+    argv = [f"--nnodes={plan.min_machines}:{plan.num_machines}", f"--nproc-per-node={plan.processes_per_machine}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={plan.master_addr}:{plan.main_process_port}",
             f"--rdzv-id={plan.rdzv_id or RUN_ID}", f"--rdzv-conf={rendered}", f"--max-restarts={plan.max_restarts}",
             f"--monitor-interval={plan.monitor_interval}"]
+    if not is_loopback(plan.master_addr):  # the address the others reach this machine at, not its hostname's
+        local = local_address_for(plan.master_addr)
+        if local:
+            argv.append(f"--local-addr={local}")
+    return argv
 
 
 def is_store_lost(error: BaseException) -> bool:
@@ -92,3 +109,69 @@ def store_lost(plan: "LaunchPlan", error: BaseException) -> str:
     return (f"the elastic run lost its rendezvous store at {plan.master_addr}:{plan.main_process_port} ({reason}): "
             "the machine holding it (--main_process_ip) cannot leave an elastic run, so this machine stops; start "
             "the run again with the store on a machine that stays (see docs/concepts/elastic.md)")
+
+
+class StoreWatch:
+    """A thread of an elastic run's launcher: can this machine still reach the rendezvous store?
+
+    A network partition leaves the cut-off machine's processes waiting on
+    connections that never close. Every `every` seconds the watch opens (and
+    closes) a TCP connection to the store; when none succeeded for `limit`
+    seconds (`--liveness_timeout`), it calls `on_lost` with the one sentence
+    the launcher prints, once. The machine that holds the store always
+    reaches it: the watch never fires there.
+
+    Example:
+        >>> watch = StoreWatch("127.0.0.1", 9, limit=0.2, on_lost=lambda line: None, every=0.01)
+        >>> watch.start(); watch.join(2.0); watch.verdict is not None
+        True
+    """
+
+    def __init__(self, host: str, port: int, limit: float, on_lost: Callable[[str], None], every: float = 1.0) -> None:
+        self.host, self.port, self.limit, self.every = host, port, limit, every
+        self.on_lost = on_lost
+        self.verdict: str | None = None
+        self.last_resort: threading.Timer | None = None  # set by whoever acts on the verdict; cancelled by `stop`
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hasten-store-watch", daemon=True)
+
+    @property
+    def threshold(self) -> float:
+        """Seconds without contact before the verdict: early enough that the machine is stopped within `limit`
+        (the launcher leaves at most `LEAVE_GRACE` seconds after the verdict)."""
+        return max(self.limit - LEAVE_GRACE - self.every, self.limit / 2)
+
+    def start(self) -> None:
+        if self.limit > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.last_resort is not None:
+            self.last_resort.cancel()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def reachable(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=max(0.05, min(2.0, self.every))):
+                return True
+        except OSError:
+            return False
+
+    def _run(self) -> None:
+        last_seen = time.monotonic()
+        while not self._stop.wait(self.every):
+            now = time.monotonic()
+            if self.reachable():
+                last_seen = now
+            elif now - last_seen >= self.threshold:
+                self.verdict = (f"this machine could not reach the elastic run's rendezvous store at {self.host}:"
+                                f"{self.port} for {self.limit:g} s (--liveness_timeout): it is cut off from the run "
+                                "(a network partition, or the main machine is down), so it stops and the machines "
+                                "that still reach the store go on; start this machine's command again once it "
+                                "reaches the store, and it rejoins")
+                self.on_lost(self.verdict)
+                return

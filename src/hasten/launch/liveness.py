@@ -225,6 +225,12 @@ class Monitor:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
+    def kill_all(self) -> None:
+        """End every process this monitor has seen (the launcher is stopping this machine's part of the run)."""
+        with contextlib.suppress(Exception):
+            self.look(time.monotonic())  # processes started since the last look
+        self._kill_all()
+
     def _kill_all(self) -> None:
         for view in self.views.values():
             self._kill(view)

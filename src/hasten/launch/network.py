@@ -12,7 +12,8 @@ import ipaddress
 import socket
 import subprocess
 
-__all__ = ["is_loopback", "interface_for_address", "parse_owner_interface", "parse_route_interface"]
+__all__ = ["is_loopback", "interface_for_address", "local_address_for", "owns_address", "parse_owner_interface",
+           "parse_route_interface", "parse_route_source"]
 
 
 def is_loopback(address: str) -> bool:
@@ -57,6 +58,19 @@ def parse_route_interface(ip_route_output: str) -> str | None:
     return None
 
 
+def parse_route_source(ip_route_output: str) -> str | None:
+    """The `src` of `ip route get ADDRESS` output: this machine's address on the way there.
+
+    Example:
+        >>> parse_route_source("10.9.0.2 dev veth1 src 10.9.0.1 uid 0")
+        '10.9.0.1'
+    """
+    parts = ip_route_output.split()
+    if "src" in parts and parts.index("src") + 1 < len(parts):
+        return parts[parts.index("src") + 1]
+    return None
+
+
 def _run(*argv: str) -> str:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=5).stdout
@@ -79,3 +93,35 @@ def interface_for_address(address: str) -> str | None:
         return owner
     route = parse_route_interface(_run("ip", "route", "get", address))
     return route if route != "lo" else None
+
+
+def owns_address(address: str) -> bool:
+    """True when this machine carries `address` on one of its interfaces (loopback addresses included).
+
+    Example:
+        >>> owns_address("127.0.0.1")
+        True
+    """
+    if is_loopback(address):
+        return True
+    try:
+        address = socket.gethostbyname(address)
+    except OSError:
+        return False
+    return parse_owner_interface(_run("ip", "-o", "addr", "show"), address) is not None
+
+
+def local_address_for(address: str) -> str | None:
+    """This machine's address that `address` can reach it at (None if it cannot be told).
+
+    `address` itself when this machine owns it; otherwise the source address
+    of the route to it. torch's elastic agent advertises this address to the
+    others (its hostname may resolve to a loopback or unreachable address).
+    """
+    try:
+        address = socket.gethostbyname(address)
+    except OSError:
+        return None
+    if owns_address(address):
+        return address
+    return parse_route_source(_run("ip", "route", "get", address))

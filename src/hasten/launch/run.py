@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ from ..checkpointing.preemption import read_preemption_record
 from ..core.environment import restored_environment
 from ..process.launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, HEARTBEAT_DIR_ENV, PREEMPTION_RECORD_ENV,
                            PROGRESS_FILE_ENV, LaunchSpec)
-from .elastic import is_store_lost, store_lost
+from .elastic import LEAVE_GRACE, StoreWatch, is_store_lost, store_lost
 from .failures import all_failures, failure_summary
 from .leftovers import empty, owned_directory, shared_directory
 from .guardian import start as guardian_of, stop as stop_guardian
@@ -188,7 +189,8 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
     progress = os.environ[PROGRESS_FILE_ENV] = os.path.join(run_dir, "progress")
     restarts_left = plan.restarts_by_launcher
     attempt = 0
-    with _log_levels(_NOTEBOOK_LOG_LEVELS if plan.function is not None else _launch_log_levels(plan)):
+    levels = _NOTEBOOK_LOG_LEVELS if plan.function is not None else _launch_log_levels(plan)
+    with _log_levels(levels), contextlib.ExitStack() as stack:  # (stack: each attempt's store watch is stopped)
         while True:
             attempt += 1
             with contextlib.suppress(FileNotFoundError):
@@ -203,8 +205,13 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
                 os.makedirs(plan.log_dir, exist_ok=True)
             log_dir = tempfile.mkdtemp(prefix="attempt-", dir=plan.log_dir or run_dir)
             config, entrypoint, args = _elastic_config(plan, log_dir)
+            cut_off = _store_watch(plan)
+            stack.callback(lambda watch=cut_off: watch is not None and watch.stop())
             try:
                 with _watched(plan, run_dir, f"attempt-{attempt}") as monitor:
+                    if cut_off is not None:
+                        cut_off.on_lost = functools.partial(_leave_run, monitor, cut_off)
+                        cut_off.start()
                     elastic_launch(config, entrypoint)(*args)
             except ChildFailedError as failed:
                 # The agent reports only the failures it saw first; the error files of the attempt hold them all.
@@ -224,12 +231,39 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
                                      restarts_declined=restarts_left > 0, unresponsive=monitor.verdict,
                                      frozen=monitor.frozen)
             except SignalException as stopped:  # kept as a number: the exception holds the agent's frames
+                if cut_off is not None and cut_off.verdict is not None:  # the store watch stopped this machine
+                    cut_off.stop()
+                    return Outcome(code=EXIT_FAILED, lost=cut_off.verdict)
                 return _preempted_or(128 + int(stopped.sigval), record, signum=int(stopped.sigval))
             except Exception as error:  # noqa: BLE001 - only the rendezvous store's loss is ours to explain
                 if not (plan.elastic and is_store_lost(error)):
                     raise
                 return Outcome(code=EXIT_FAILED, lost=store_lost(plan, error))
             return Outcome()
+
+
+def _store_watch(plan: LaunchPlan) -> StoreWatch | None:
+    """An elastic run's watch of the rendezvous store (None for other runs: their group never re-forms)."""
+    if not plan.elastic or plan.main_process_port is None:
+        return None
+    return StoreWatch(plan.master_addr, int(plan.main_process_port), plan.liveness_timeout, on_lost=lambda line: None)
+
+
+def _leave_run(monitor: Monitor, watch: StoreWatch, line: str) -> None:
+    """This machine is cut off from an elastic run: end its processes now, then stop the agent (a SIGTERM to itself,
+    which torch's agent turns into its own orderly stop), so the launcher returns with the watch's line. An agent
+    blocked on the unreachable store does not get to the signal for minutes: then the launcher leaves by itself."""
+    monitor.kill_all()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+    def leave_now() -> None:
+        sys.stderr.write(f"hasten launch: {line}.\n")
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)
+
+    watch.last_resort = threading.Timer(LEAVE_GRACE, leave_now)
+    watch.last_resort.daemon = True
+    watch.last_resort.start()
 
 
 @contextlib.contextmanager

@@ -276,7 +276,8 @@ class LaunchSpec:
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
     max_restarts: int = 0
-    # `--num_machines MIN:MAX`: {"min_processes", "max_processes", "processes_per_machine"} (`elastic_sizes`)
+    # `--num_machines MIN:MAX`: {"min_processes", "max_processes", "processes_per_machine"} (`elastic_sizes`) and
+    # the launch's "liveness_timeout" (`collective_timeout`)
     elastic: dict | None = None
 
     def __post_init__(self) -> None:
@@ -297,7 +298,25 @@ class LaunchSpec:
             >>> LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1}).elastic_sizes()
             ElasticSizes(min_processes=1, max_processes=2, processes_per_machine=1)
         """
-        return None if self.elastic is None else ElasticSizes(**self.elastic)
+        if self.elastic is None:
+            return None
+        return ElasticSizes(**{key: self.elastic[key] for key in ("min_processes", "max_processes",
+                                                                   "processes_per_machine") if key in self.elastic})
+
+    def collective_timeout(self) -> float | None:
+        """An elastic run's default process-group timeout, in seconds: the launch's liveness limit (None otherwise).
+
+        A machine that became unreachable (a network partition) leaves the
+        collectives of the others waiting on a connection that never closes;
+        with this limit they fail within it, and the group re-forms without
+        that machine, instead of waiting the default 30 minutes.
+
+        Example:
+            >>> LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "liveness_timeout": 45.0}).collective_timeout()
+            45.0
+        """
+        value = (self.elastic or {}).get("liveness_timeout")
+        return float(value) if value else None
 
     def peer_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables Accelerate's launcher exports, with the same meaning, derived from this spec (the one place).
