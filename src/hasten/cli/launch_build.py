@@ -223,7 +223,8 @@ def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch, in_this_proce
         raise ConfigError("--module and --no_python cannot be used together; keep one of them.")
     return LaunchPlan(
         target=args.training_script, target_args=tuple(args.training_script_args or ()), module=bool(args.module),
-        num_processes=config.num_processes, num_machines=config.num_machines, machine_rank=config.machine_rank,
+        num_processes=config.num_processes, num_machines=config.num_machines, min_machines=config.min_machines,
+        machine_rank=config.machine_rank,
         main_process_ip=config.main_process_ip, main_process_port=_port(config), rdzv_backend=config.rdzv_backend,
         max_restarts=config.max_restarts, monitor_interval=config.monitor_interval,
         liveness_timeout=config.liveness_timeout, mpirun=config.mpirun, mpirun_hostfile=config.mpirun_hostfile,

@@ -64,6 +64,17 @@ def _value(*names: str, kind: Any = str, default: Any = None, text: str | None =
     return names, {"action": _StoreAction, "type": kind, "default": default, "help": text, **more}
 
 
+def _machines(text: str) -> int | str:
+    """`--num_machines`: a whole number, or hasten's MIN:MAX (kept as text; the config resolution splits it)."""
+    from ..process.elastic import ElasticSizeError, parse_machines
+
+    try:
+        low, high = parse_machines(text)
+    except ElasticSizeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return high if ":" not in str(text) else f"{low}:{high}"
+
+
 def _fp8_override(text: str) -> tuple[bool, ...]:
     return tuple(bool(str_to_bool(part)) for part in text.split(","))
 
@@ -86,7 +97,9 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
                "file's, else one per visible GPU, at least 1)"),
         _value("--num_processes_per_machine", kind=int, metavar="N",
                text="hasten: processes on each machine (instead of the total --num_processes)"),
-        _value("--num_machines", kind=int),
+        _value("--num_machines", kind=_machines, metavar="N|MIN:MAX",
+               text="number of machines; MIN:MAX (hasten's extension) starts an elastic run that goes on with any "
+                    "number of machines in range, re-forming when one is lost or joins (docs/concepts/elastic.md)"),
         _value("--num_cpu_threads_per_process", kind=int, metavar="N",
                text="OMP_NUM_THREADS of each process (default: the environment's, else the cores divided by the "
                     "processes of this machine)"),

@@ -163,7 +163,7 @@ def _per_machine(data: dict[str, Any], options: Mapping[str, Any]) -> None:
         return
     if per_machine < 1:
         raise ConfigError(f"--num_processes_per_machine must be at least 1, got {per_machine}.")
-    total = per_machine * int(data.get("num_machines") or 1)
+    total = per_machine * int(str(data.get("num_machines") or 1).rpartition(":")[2])  # (MIN:MAX: at MAX)
     given = options.get("num_processes")
     if given is not None and given != total:
         raise ConfigError(f"--num_processes {given} (total) disagrees with --num_processes_per_machine {per_machine} "

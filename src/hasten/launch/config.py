@@ -119,7 +119,11 @@ class LaunchConfig:
                                       question="Which compute environment are you running in?")
     distributed_type: str = option("NO", "kind of run", choices=DISTRIBUTED_TYPES,
                                    question="Which type of machine are you using?")
-    num_machines: int = option(1, "number of machines (nodes)", question="How many machines will you use?")
+    num_machines: int = option(1, "number of machines (nodes); MIN:MAX for an elastic run (hasten's extension: the "
+                                  "group re-forms with any number of machines in range)",
+                               question="How many machines will you use?")
+    min_machines: int | None = option(None, "an elastic run's fewest machines (what --num_machines MIN:MAX sets; "
+                                            "num_machines is then MAX)")
     machine_rank: int = option(0, "rank of this machine, 0 .. num_machines-1",
                                question="What is the rank of this machine?")
     main_process_ip: str | None = option(None, "address of the machine with rank 0 (the rendezvous)",
@@ -195,6 +199,13 @@ class LaunchConfig:
             _check_value(f, getattr(self, f.name), f.name)
         check_layout(self.num_processes, self.num_machines, self.machine_rank, self.main_process_ip,
                      self.main_process_port)
+        if self.min_machines is not None:
+            if not 1 <= self.min_machines <= self.num_machines:
+                raise ConfigError(f"min_machines must be between 1 and num_machines ({self.num_machines}), got "
+                                  f"{self.min_machines}; write --num_machines MIN:MAX.")
+            if self.mpirun:
+                raise ConfigError("an elastic run (--num_machines MIN:MAX) is started by torch's elastic agent; drop "
+                                  "--mpirun, or give a fixed --num_machines.")
         if self.mixed_precision == "fp8" and (problem := fp8_problem()):
             raise ConfigError(problem)
         if self.use_deepspeed and self.use_fsdp:
@@ -374,7 +385,14 @@ def from_dict(data: Mapping[str, Any], source: str = "config") -> LaunchConfig:
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source} must be a mapping of keys to values, not a {type(data).__name__}.")
-    data = migrate(data)
+    data = dict(migrate(data))
+    if isinstance(data.get("num_machines"), str) and ":" in data["num_machines"]:  # MIN:MAX: an elastic run
+        from ..process.elastic import ElasticSizeError, parse_machines
+
+        try:
+            data["min_machines"], data["num_machines"] = parse_machines(data["num_machines"])
+        except ElasticSizeError as error:
+            raise ConfigError(f"{error} ({source})") from None
     known = {f.name: f for f in fields(LaunchConfig)}
     values = {}
     for key, value in data.items():

@@ -28,12 +28,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .network import is_loopback, local_address_for, owns_address
 
-if TYPE_CHECKING:
-    from .plan import LaunchPlan
+# (`plan` below is a `launch.plan.LaunchPlan`, which imports this module: typed loosely to keep imports one-way)
 
 __all__ = ["RDZV_DEFAULTS", "RUN_ID", "elastic_spec", "elastic_torchrun_argv", "store_lost", "is_store_lost",
            "StoreWatch", "LEAVE_GRACE"]
@@ -45,7 +44,7 @@ RUN_ID = "hasten"  # every machine of the run gives the same id (the endpoint al
 RDZV_DEFAULTS: Mapping[str, Any] = {"last_call_timeout": 10}
 
 
-def elastic_spec(plan: "LaunchPlan") -> dict[str, int]:
+def elastic_spec(plan: Any) -> dict[str, int]:
     """What each process of an elastic run learns of its range (`LaunchSpec.elastic`): process counts, per machine.
 
     Example:
@@ -59,7 +58,7 @@ def elastic_spec(plan: "LaunchPlan") -> dict[str, int]:
             "liveness_timeout": float(plan.liveness_timeout)}
 
 
-def elastic_torchrun_argv(plan: "LaunchPlan") -> list[str]:
+def elastic_torchrun_argv(plan: Any) -> list[str]:
     """torchrun's arguments for an elastic plan: ``--nnodes MIN:MAX`` on the c10d rendezvous of the main machine."""
     conf = {**RDZV_DEFAULTS, **dict(plan.rdzv_conf or {})}
     if not is_loopback(plan.master_addr):
@@ -95,7 +94,7 @@ def is_store_lost(error: BaseException) -> bool:
     return False
 
 
-def store_lost(plan: "LaunchPlan", error: BaseException) -> str:
+def store_lost(plan: Any, error: BaseException) -> str:
     """The one sentence a machine says when the rendezvous store (on the main machine) is gone.
 
     Example:
