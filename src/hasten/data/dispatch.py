@@ -26,6 +26,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from ..runtime.collectives import _distributed, broadcast_object_list, recursively_apply
 from .loader import PreparedDataLoader, _takes_epoch, _unique
+from .mesh import dispatch_layout
 from .sharding import seekable_order
 
 __all__ = ["DispatchedDataLoader"]
@@ -91,6 +92,12 @@ class DispatchedDataLoader(PreparedDataLoader):
     (each process then keeps R//N + 1 rows). `len()` counts dispatched
     batches; at the last one, `remainder` is its number of real rows.
 
+    Given a `torch_device_mesh` with a ``tp`` dim (and not `split_batches`),
+    every process receives the same batch, as from Accelerate's dispatcher:
+    process 0 reads one batch per step and each process keeps all of it (the
+    global batch counts it once per process, as Accelerate's `remainder`
+    does); see `hasten.data.mesh.dispatch_layout`.
+
     Example:
         >>> from torch.utils.data import DataLoader
         >>> from hasten.data import prepare_data_loader
@@ -103,7 +110,7 @@ class DispatchedDataLoader(PreparedDataLoader):
                  batches_per_dispatch: int | None = None, slice_fn: Callable[..., Any] | None = None,
                  split_batches: bool = False, skip_batches: int = 0, use_stateful_dataloader: bool = False,
                  _drop_last: bool = False, _non_blocking: bool = False, torch_device_mesh: Any = None,
-                 iteration: int = 0, **kwargs: Any) -> None:
+                 iteration: int = 0, same_batch_everywhere: bool | None = None, **kwargs: Any) -> None:
         # Accelerate's DataLoaderDispatcher parameters are named here, as in its signature; the base loader keeps them
         super().__init__(dataset, *args, skip_batches=skip_batches, use_stateful_dataloader=use_stateful_dataloader,
                          _drop_last=_drop_last, _non_blocking=_non_blocking, torch_device_mesh=torch_device_mesh,
@@ -114,12 +121,16 @@ class DispatchedDataLoader(PreparedDataLoader):
             state = PartialState()
             num_processes = state.num_processes if num_processes is None else num_processes
             process_index = state.process_index if process_index is None else process_index
-        if batches_per_dispatch is None:
-            batches_per_dispatch = 1 if split_batches else num_processes
+        if same_batch_everywhere is None:  # (a view is told what its loader decided)
+            same_batch_everywhere = dispatch_layout(torch_device_mesh, split_batches)
+        # tensor parallel: one batch per step, which every process keeps whole
+        self.same_batch_everywhere = same_batch_everywhere
+        if batches_per_dispatch is None or same_batch_everywhere:
+            batches_per_dispatch = 1 if split_batches or same_batch_everywhere else num_processes
         self.num_processes = num_processes
         self.process_index = process_index
         self.batches_per_dispatch = batches_per_dispatch
-        self.split_batches = batches_per_dispatch == 1 and num_processes > 1
+        self.split_batches = batches_per_dispatch == 1 and num_processes > 1 and not same_batch_everywhere
         self.slice_fn = slice_fn
         self._last_rows: int | None = None
         self._first_rows: Any = None
@@ -132,7 +143,8 @@ class DispatchedDataLoader(PreparedDataLoader):
     def view_kwargs(self) -> dict[str, Any]:
         """What `skip_first_batches` passes on to a view of this loader."""
         return {"num_processes": self.num_processes, "process_index": self.process_index,
-                "batches_per_dispatch": self.batches_per_dispatch, "slice_fn": self.slice_fn}
+                "batches_per_dispatch": self.batches_per_dispatch, "slice_fn": self.slice_fn,
+                "same_batch_everywhere": self.same_batch_everywhere}
 
     def __len__(self) -> int:
         inner = super(PreparedDataLoader, self).__len__()  # batches of the original loader
@@ -272,6 +284,8 @@ class DispatchedDataLoader(PreparedDataLoader):
     def _my_rows(self, batch: Any, last: bool) -> Any:
         """This process's contiguous share of a global batch (see the class doc for the short last one)."""
         count, index = self.num_processes, self.process_index
+        if self.same_batch_everywhere:  # Accelerate's layout: the batch repeated once per process, then sliced
+            batch = _concatenate([batch] * count)
         rows = _rows(batch)
         if not self._drop_last and self._first_rows is None:
             self._first_rows = _take_rows(batch, slice(0, count))

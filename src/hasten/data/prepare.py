@@ -17,7 +17,10 @@ any of it:
   `IterableDatasetShard`; a `datasets.IterableDataset` with enough shards is
   split by its shards;
 - ``dispatch_batches=None`` means: dispatch iterable datasets when batches
-  are put on the device (Accelerate's default).
+  are put on the device (Accelerate's default);
+- a `torch_device_mesh` shards over its data-parallel dims only: processes
+  of one tensor/context-parallel group read the same batches (see
+  `mesh.py`, the rule `Accelerator.prepare` shards by as well).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ..runtime.gradient_state import GradientState
 from .loader import PreparedDataLoader, _takes_epoch, get_sampler, loader_kwargs
+from .mesh import mesh_loader_share
 from .order import PERMUTATION_LIMIT, SampleOrder
 from .samplers import SeedableRandomSampler, SeedableSampleOrder
 from .sharding import IterableDatasetShard, ShardedBatchSampler
@@ -178,6 +182,10 @@ def prepare_data_loader(
     Accelerate's order). With `use_stateful_dataloader` the loader is also a
     torchdata `StatefulDataLoader` whose `state_dict` is torchdata's, as
     Accelerate's (hasten's checkpoints keep the exact position either way).
+    `torch_device_mesh` (a named `DeviceMesh`) shards over its
+    ``dp_replicate`` x ``dp_shard`` processes, giving the processes of one
+    ``tp`` / ``cp`` group the same batches, as Accelerate's does (rules and
+    the dispatcher's reading of the mesh: `hasten.data.mesh`).
 
     Example:
         >>> dl = DataLoader(list(range(8)), batch_size=2)
@@ -192,15 +200,17 @@ def prepare_data_loader(
         raise ValueError("slice_fn_for_dispatch only applies with dispatch_batches=True; set both or drop it.")
     if dispatch_batches and not put_on_device:
         raise ValueError("dispatch_batches=True needs put_on_device=True (the batches are sent to each device).")
-    if torch_device_mesh is not None:
-        raise NotImplementedError("prepare_data_loader(torch_device_mesh=...) is not supported by this hasten version; "
-                                  "let Accelerator.prepare place the data on its mesh.")
-    if num_processes is None or process_index is None:
+    if num_processes is None or process_index is None or torch_device_mesh is not None:
         from ..runtime.state import PartialState
 
         state = PartialState()
         num_processes = state.num_processes if num_processes is None else num_processes
         process_index = state.process_index if process_index is None else process_index
+        if torch_device_mesh is not None and not dispatch_batches:  # (the dispatcher reads the mesh itself)
+            from ..options.enums import DistributedType
+
+            deepspeed = state.distributed_type == DistributedType.DEEPSPEED
+            num_processes, process_index = mesh_loader_share(torch_device_mesh, num_processes, process_index, deepspeed)
     if split_batches:
         _check_split(dataloader, num_processes)
     if gradient_state is None:
@@ -214,10 +224,11 @@ def prepare_data_loader(
 
         per_dispatch = 1 if split_batches else num_processes
         dispatcher = functools.partial(DispatchedDataLoader, num_processes=num_processes, process_index=process_index,
-                                       batches_per_dispatch=per_dispatch, slice_fn=slice_fn_for_dispatch)
-        loader = build(num_processes=1, process_index=0, make=dispatcher, dispatch=True)
-        if loader.global_batch_size is not None:
-            loader.global_batch_size *= per_dispatch
+                                       batches_per_dispatch=per_dispatch, slice_fn=slice_fn_for_dispatch,
+                                       split_batches=split_batches, torch_device_mesh=torch_device_mesh)
+        loader = cast(DispatchedDataLoader, build(num_processes=1, process_index=0, make=dispatcher, dispatch=True))
+        if loader.global_batch_size is not None:  # (one batch per step when every process gets the same one)
+            loader.global_batch_size *= loader.batches_per_dispatch
         return loader
     return build(num_processes=num_processes, process_index=process_index, make=PreparedDataLoader, dispatch=False)
 

@@ -213,8 +213,11 @@ class FSDPStrategy(Strategy):
         config = self.parallelism_config
         if config is None:
             return num_processes, process_index
-        # Accelerate's rule: processes of one tp/cp group (innermost on the mesh) read the same batch
-        return config.data_parallel_size, process_index // config.non_data_parallel_size
+        from ...data.mesh import data_parallel_share
+
+        # Accelerate's rule, shared with prepare_data_loader(torch_device_mesh=...): processes of one tp/cp group
+        # (innermost on the mesh) read the same batch; sp too (DeepSpeed's Ulysses cuts sequences over it)
+        return data_parallel_share(config.sizes, process_index, same_batch=("tp", "cp", "sp"))
 
     def _mixed_precision_policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
