@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +29,8 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import SCRIPTS, results_by_rank, run_with_timeout
-from hasten.launch.plan import LaunchError, LaunchPlan, available_cpus, find_free_port, port_in_use
+from machines import clean_env, rendezvous_port, two_namespaces
+from hasten.launch.plan import LaunchError, LaunchPlan, available_cpus, find_free_port
 
 PROBE = SCRIPTS / "mn_probe_train.py"
 EQUIVALENCE = SCRIPTS / "mp_train_equivalence.py"
@@ -42,19 +41,6 @@ CONFIGS = {
     "plain": ("plain:16:1:0:sgd", "plain:8:1:0:sgd"),
     "accum3": ("accum3:16:3:0:sgd", "accum3:8:3:0:sgd"),
 }
-# Variables a surrounding launcher (or the developer's shell) may have set; they would change what we test.
-_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                       "MASTER_PORT", "HASTEN_LAUNCH_SPEC", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-                       "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCHER_VARIABLES and not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
-    # HASTEN_CONFIG_FILE: a config file written by `hasten config` on this machine must not change the runs
-    return {**env, "PYTHONUNBUFFERED": "1", "HASTEN_CONFIG_FILE": "/nonexistent/hasten.yaml", **extra}
-
-
 # ---------------------------------------------------------------------------- helpers
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory) -> Path:
@@ -109,25 +95,6 @@ def run_machines(commands: list[list[str]], envs: list[dict[str, str]], timeout:
     if any(r.returncode != 0 for r in results):
         pytest.fail(f"a machine's hasten launch failed\n{report}")
     return results
-
-
-def rendezvous_port() -> int:
-    """A free port below the ephemeral range.
-
-    Machine 1 may try to connect before machine 0 listens; retried connects
-    to a local port inside the ephemeral range can land on themselves (TCP
-    self-connect: source port == destination port) and then wait forever.
-    Real multi-node ports (29500) are below the range too.
-    """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    for _ in range(200):
-        port = random.randrange(20000, max(20001, min(low, 32768)))
-        if not port_in_use(port):
-            return port
-    return find_free_port()
 
 
 def machine_command(machine_rank: int, main_ip: str, port: int, out: Path, *extra: str,
@@ -207,40 +174,8 @@ def test_two_machines_c10d_rendezvous(single_process, tmp_path):
 @pytest.fixture(scope="module")
 def veth_namespaces():
     """Namespaces A (10.200.7.1) and B (10.200.7.2) joined by a veth pair; removed afterwards, even on failure."""
-    if os.geteuid() != 0:
-        pytest.skip("creating network namespaces (ip netns add) needs root")
-    if shutil.which("ip") is None:
-        pytest.skip("the `ip` command (iproute2) is not installed")
-    tag = str(os.getpid() % 100000)
-    namespaces = (f"hasten-a-{tag}", f"hasten-b-{tag}")
-    veths = (f"hva{tag}", f"hvb{tag}")  # interface names: at most 15 characters
-    addresses = ("10.200.7.1", "10.200.7.2")
-
-    def ip(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-    created: list[str] = []
-    try:
-        for name in namespaces:
-            result = ip("netns", "add", name)
-            if result.returncode != 0:
-                pytest.skip(f"`ip netns add` does not work here: {result.stderr.strip()}")
-            created.append(name)
-        steps = [("link", "add", veths[0], "type", "veth", "peer", "name", veths[1])]
-        for ns, veth, address in zip(namespaces, veths, addresses):
-            steps += [("link", "set", veth, "netns", ns),
-                      ("-n", ns, "addr", "add", f"{address}/24", "dev", veth),
-                      ("-n", ns, "link", "set", veth, "up"),
-                      ("-n", ns, "link", "set", "lo", "up")]
-        for step in steps:
-            result = ip(*step)
-            if result.returncode != 0:
-                pytest.fail(f"ip {' '.join(step)} failed: {result.stderr.strip()}")
-        yield {"namespaces": namespaces, "veths": veths, "addresses": addresses}
-    finally:
-        for name in created:
-            ip("netns", "del", name)  # takes its end of the veth pair with it
-        ip("link", "del", veths[0])  # only exists if it was never moved; errors ignored
+    with two_namespaces("10.200.7") as made:
+        yield made
 
 
 @pytest.mark.multiprocess

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
@@ -459,7 +460,13 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
     clear = free_memory
 
     def end_training(self) -> None:
-        """Finish cleanly: close the trackers, give SIGTERM/SIGUSR1 back, wait for all processes, leave the group."""
+        """Finish cleanly: close the trackers, give SIGTERM/SIGUSR1 back, wait for all processes, leave the group.
+
+        A checkpoint still being written in the background is finished (and published) first.
+        """
+        background = sys.modules.get("hasten.checkpointing.background")  # loaded only by a run that saved
+        if background is not None:
+            background.wait_pending()
         self._finish_trackers()
         self._boundary_watch.close()
         shutdown_process_group(success=True)

@@ -2,6 +2,8 @@
 
 usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS]]
   ENGINE  ddp | fsdp (FSDP2, sharded checkpoints) | z2 (DeepSpeed ZeRO-2)
+  STEP_SECONDS  a pause after each optimizer step (the file OUT_DIR/pace, when a test writes one, overrides it:
+                tests slow a phase down so that a machine's return lands in the middle of the run)
 
 It resumes with `load_state()` at the start and saves through hasten's periodic checkpoints (every 2 optimizer
 steps, in the background); nothing in it knows about elasticity. Each sample carries its index. After every
@@ -38,6 +40,13 @@ class StepCount:
 
     def load_state_dict(self, state: dict) -> None:
         self.done = int(state["done"])
+
+
+def _pace(out: Path, default: float) -> float:
+    try:
+        return float((out / "pace").read_text())
+    except (OSError, ValueError):
+        return default
 
 
 def plugins(engine: str) -> dict:
@@ -95,7 +104,7 @@ def main() -> None:
                                            "accumulation": accelerator.gradient_accumulation_steps, "lr": lr,
                                            "loss": loss.item(), "seen": seen, "time": time.time()}) + "\n")
                 seen = []
-                time.sleep(pause)
+                time.sleep(_pace(out, pause))
     state = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         save_file({k: v.contiguous() for k, v in state.items()}, str(out / "final.safetensors"))

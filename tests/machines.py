@@ -1,0 +1,89 @@
+"""Several "machines" on this host, for the multi-machine tests: a clean environment, a rendezvous port, and two
+network namespaces joined by a veth pair (separate hosts with their own addresses; removed afterwards)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from hasten.launch.plan import find_free_port, port_in_use
+
+# Variables a surrounding launcher (or the developer's shell) may have set; they would change what we test.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                      "MASTER_PORT", "HASTEN_LAUNCH_SPEC", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+                      "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARIABLES and not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
+    # HASTEN_CONFIG_FILE: a config file written by `hasten config` on this machine must not change the runs
+    return {**env, "PYTHONUNBUFFERED": "1", "HASTEN_CONFIG_FILE": "/nonexistent/hasten.yaml", **extra}
+
+
+def rendezvous_port() -> int:
+    """A free port below the ephemeral range.
+
+    Machine 1 may try to connect before machine 0 listens; retried connects
+    to a local port inside the ephemeral range can land on themselves (TCP
+    self-connect: source port == destination port) and then wait forever.
+    Real multi-node ports (29500) are below the range too.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(20000, max(20001, min(low, 32768)))
+        if not port_in_use(port):
+            return port
+    return find_free_port()
+
+
+@contextlib.contextmanager
+def two_namespaces(subnet: str = "10.200.7") -> Iterator[dict]:
+    """Namespaces A (SUBNET.1) and B (SUBNET.2) joined by a veth pair; removed afterwards, even on failure.
+
+    Yields {"namespaces", "veths", "addresses"}; skips the test where namespaces cannot be made (no root, no `ip`).
+    """
+    if os.geteuid() != 0:
+        pytest.skip("creating network namespaces (ip netns add) needs root")
+    if shutil.which("ip") is None:
+        pytest.skip("the `ip` command (iproute2) is not installed")
+    tag = str(os.getpid() % 100000)
+    namespaces = (f"hasten-a-{tag}", f"hasten-b-{tag}")
+    veths = (f"hva{tag}", f"hvb{tag}")  # interface names: at most 15 characters
+    addresses = (f"{subnet}.1", f"{subnet}.2")
+    created: list[str] = []
+    try:
+        for name in namespaces:
+            result = ip("netns", "add", name)
+            if result.returncode != 0:
+                pytest.skip(f"`ip netns add` does not work here: {result.stderr.strip()}")
+            created.append(name)
+        steps = [("link", "add", veths[0], "type", "veth", "peer", "name", veths[1])]
+        for ns, veth, address in zip(namespaces, veths, addresses):
+            steps += [("link", "set", veth, "netns", ns),
+                      ("-n", ns, "addr", "add", f"{address}/24", "dev", veth),
+                      ("-n", ns, "link", "set", veth, "up"),
+                      ("-n", ns, "link", "set", "lo", "up")]
+        for step in steps:
+            result = ip(*step)
+            if result.returncode != 0:
+                pytest.fail(f"ip {' '.join(step)} failed: {result.stderr.strip()}")
+        yield {"namespaces": namespaces, "veths": veths, "addresses": addresses}
+    finally:
+        for name in created:
+            ip("netns", "del", name)  # takes its end of the veth pair with it
+        ip("link", "del", veths[0])  # only exists if it was never moved; errors ignored
+
+
+def ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)

@@ -1,0 +1,229 @@
+"""The parts of an elastic run that need no second machine: what a size means, the launch, the worker's recipe,
+the re-formation line, periodic checkpoints and the launcher's watch of the rendezvous store (in-process)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Accelerator, ProjectConfiguration
+from hasten.core.errors import ConfigError
+from hasten.facade.elastic import ElasticRun, elastic_run, read_reached, record_reached, reformation
+from hasten.launch.config import from_dict
+from hasten.launch.elastic import StoreWatch, elastic_spec, store_lost
+from hasten.launch.plan import LaunchPlan
+from hasten.options import GradientAccumulationPlugin
+from hasten.process.elastic import ElasticSizeError, ElasticSizes, parse_machines
+from hasten.process.launch_spec import SPEC_ENV_VAR, LaunchSpec
+
+
+# ---------------------------------------------------------------------------------------------- what a size means
+@pytest.mark.parametrize(("text", "expected"), [("2", (2, 2)), (3, (3, 3)), ("1:4", (1, 4)), (" 2:2 ", (2, 2))])
+def test_num_machines_is_a_number_or_a_range(text, expected):
+    assert parse_machines(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "3:1", "a:b", "1:", "0:2"])
+def test_a_bad_machine_range_is_one_sentence(text):
+    with pytest.raises(ElasticSizeError, match="--num_machines"):
+        parse_machines(text)
+
+
+def test_every_size_keeps_the_global_batch_of_max_processes():
+    sizes = ElasticSizes(min_processes=2, max_processes=8, processes_per_machine=2)
+    assert sizes.sizes() == [2, 4, 6, 8]
+    with pytest.raises(ElasticSizeError, match="6 processes cannot hold"):
+        sizes.check(accumulation=1)  # 8 batches a step cannot be cut in 6 processes' shares
+    sizes.check(accumulation=3)  # 24 = 2 x 12 = 4 x 6 = 6 x 4 = 8 x 3
+    assert [sizes.accumulation_at(n, 3) for n in sizes.sizes()] == [12, 6, 4, 3]
+
+
+def test_the_worker_accumulates_more_on_fewer_processes_and_refuses_a_range_it_cannot_hold():
+    spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 4, "processes_per_machine": 1})
+    plugin, run = elastic_run(spec, 2, GradientAccumulationPlugin(num_steps=3))
+    assert plugin.num_steps == 6 and run.accumulation == 3 and run.scheduler_steps == 4
+    with pytest.raises(ElasticSizeError, match="3 processes cannot hold"):
+        elastic_run(spec, 2, GradientAccumulationPlugin(num_steps=1))  # 4 = 3 x ?: refused at the start, any size
+    with pytest.raises(ValueError, match="outside its range"):
+        elastic_run(spec, 5, GradientAccumulationPlugin(num_steps=12))
+    plugin, run = elastic_run(LaunchSpec(), 2, GradientAccumulationPlugin(num_steps=3))
+    assert run is None and plugin.num_steps == 3  # not elastic: untouched
+
+
+def test_an_elastic_accelerator_steps_as_the_run_at_max_size(monkeypatch):
+    spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1})
+    monkeypatch.setenv(SPEC_ENV_VAR, spec.to_env()[SPEC_ENV_VAR])
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    assert accelerator.gradient_accumulation_steps == 4  # 2 at 2 processes -> 4 at 1
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=1)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    for (x,) in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(x).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    # 8 batches = 2 optimizer steps; each advances the schedule 2 times (the processes at MAX), as Accelerate at 2
+    assert scheduler.scheduler.last_epoch == 4
+
+
+# ---------------------------------------------------------------------------------------------- the re-formation line
+def test_the_reformation_line_names_who_left_the_new_size_and_the_steps_redone():
+    run = ElasticRun(ElasticSizes(1, 2, 1), accumulation=1, world=1, machines=["a/0"])
+    line, record = reformation(run, {"optimizer_steps": 10, "processes": 2, "machines": ["a/0", "b/1"]}, "ck_5", 13)
+    assert "2 -> 1 processes" in line and "left: b/1" in line and "gradient accumulation 2" in line
+    assert "resumed from ck_5 at optimizer step 10" in line and "3 step(s) redone" in line
+    assert record == {"elastic/processes": 1, "elastic/machines": 1, "elastic/gradient_accumulation_steps": 2,
+                      "elastic/resumed_step": 10, "elastic/steps_redone": 3}
+    grown = ElasticRun(ElasticSizes(1, 2, 1), accumulation=1, world=2, machines=["a/0", "c/1"])
+    line, _ = reformation(grown, {"optimizer_steps": 12, "processes": 1, "machines": ["a/0"]}, "ck_6", None)
+    assert "1 -> 2 processes" in line and "joined: c/1" in line and "0 step(s) redone" in line
+    same = reformation(grown, {"optimizer_steps": 12, "processes": 2, "machines": ["a/0", "c/1"]}, "ck_6", 12)
+    assert same is None  # a restart of the same group is no re-formation
+
+
+def test_how_far_a_group_got_survives_it(tmp_path):
+    assert read_reached(str(tmp_path)) is None
+    record_reached(str(tmp_path), 17)
+    assert read_reached(str(tmp_path)) == 17 and not list(tmp_path.glob("*.tmp"))
+
+
+# ---------------------------------------------------------------------------------------------- the launch
+def _plan(**settings) -> LaunchPlan:
+    base = dict(target=__file__, num_processes=4, num_machines=2, min_machines=1, main_process_ip="127.0.0.1",
+                main_process_port=29555, max_restarts=3)
+    return LaunchPlan(**{**base, **settings}).validate(check_port=False)
+
+
+def test_an_elastic_plan_is_torchruns_nnodes_range_on_the_main_machines_store():
+    plan = _plan()
+    argv = plan.torchrun_argv()
+    assert argv[:5] == ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=127.0.0.1:29555", "--rdzv-id=hasten"]
+    assert "--max-restarts=3" in argv and "--rdzv-conf=last_call_timeout=10" in argv
+    assert plan.restarts_by_launcher == 0  # the agents re-form the group; a restart by this launcher alone could not
+    assert plan.spec.elastic == {"min_processes": 2, "max_processes": 4, "processes_per_machine": 2,
+                                 "liveness_timeout": 45.0}
+    env = plan.worker_env({})
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["HASTEN_MACHINE"].endswith("/0")
+    conf = _plan(rdzv_conf={"last_call_timeout": 3, "join_timeout": 60}).torchrun_argv()
+    assert "--rdzv-conf=last_call_timeout=3,join_timeout=60" in conf
+    assert not LaunchPlan(target=__file__, num_processes=2).elastic
+
+
+def test_a_remote_main_machine_hosts_the_store_and_each_machine_advertises_its_own_address():
+    argv = _plan(main_process_ip="192.0.2.77").torchrun_argv()  # an address this machine does not carry
+    assert any(a.startswith("--rdzv-conf=") and "is_host=0" in a for a in argv), argv
+
+
+def test_the_command_line_and_the_config_file_take_a_range(tmp_path):
+    config = from_dict({"num_machines": "1:3", "num_processes": 6, "main_process_ip": "10.0.0.1"})
+    assert (config.min_machines, config.num_machines, config.processes_per_machine) == (1, 3, 2)
+    with pytest.raises(ConfigError, match="MIN must be at least 1"):
+        from_dict({"num_machines": "3:2", "main_process_ip": "10.0.0.1"})
+    with pytest.raises(ConfigError, match="mpirun"):
+        from_dict({"num_machines": "1:2", "num_processes": 2, "main_process_ip": "10.0.0.1", "mpirun": True})
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    dry = subprocess.run([sys.executable, "-m", "hasten", "launch", "--dry_run", "--num_machines", "1:2",
+                          "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--max_restarts", "2", str(script)],
+                         capture_output=True, text=True, timeout=120, env={"HASTEN_CONFIG_FILE": "/nonexistent",
+                                                                              "PATH": "/usr/bin:/bin"})
+    assert dry.returncode == 0, dry.stderr
+    assert "--nnodes=1:2" in dry.stdout and "--max-restarts=2" in dry.stdout and '"elastic": {' in dry.stdout
+    bad = subprocess.run([sys.executable, "-m", "hasten", "launch", "--num_machines", "2:1", str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "MIN must be at least 1 and at most MAX" in bad.stderr
+
+
+def test_the_store_watch_says_so_when_the_store_is_unreachable_and_stays_quiet_while_it_answers():
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead_port = closed.getsockname()[1]  # nothing listens once the socket is closed
+    lines: list[str] = []
+    watch = StoreWatch("127.0.0.1", dead_port, limit=0.6, on_lost=lines.append, every=0.05)
+    start = time.monotonic()
+    watch.start()
+    watch.join(5.0)
+    assert lines and "could not reach the elastic run's rendezvous store" in lines[0]
+    assert time.monotonic() - start <= 0.6 + 0.5  # the verdict comes early enough to stop within the limit
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.settimeout(0.2)
+
+        def answer() -> None:  # a store accepts every connection
+            while not quiet._stop.is_set():
+                with contextlib.suppress(OSError):
+                    server.accept()[0].close()
+
+        quiet = StoreWatch("127.0.0.1", server.getsockname()[1], limit=0.3, on_lost=lines.append, every=0.05)
+        acceptor = threading.Thread(target=answer, daemon=True)
+        acceptor.start()
+        quiet.start()
+        time.sleep(0.8)
+        quiet.stop()
+        quiet.join(2.0)
+        acceptor.join(2.0)
+    assert quiet.verdict is None and len(lines) == 1
+    assert "cannot leave an elastic run" in store_lost(_plan(), ConnectionError("refused"))
+
+
+def test_the_spec_carries_the_liveness_limit_as_an_elastic_runs_collective_timeout():
+    spec = LaunchSpec(elastic=elastic_spec(_plan(liveness_timeout=20.0)))
+    assert spec.collective_timeout() == 20.0 and LaunchSpec().collective_timeout() is None
+    assert spec.elastic_sizes() == ElasticSizes(2, 4, 2)
+
+
+# ---------------------------------------------------------------------------------------------- periodic checkpoints
+def test_periodic_checkpoints_need_automatic_naming():
+    with pytest.raises(ValueError, match="automatic_checkpoint_naming=True"):
+        ProjectConfiguration("runs", save_every_n_steps=10)
+    with pytest.raises(ValueError, match="save_every_n_steps must be an integer"):
+        ProjectConfiguration("runs", automatic_checkpoint_naming=True, save_every_n_steps=0)
+
+
+def _train(project, steps: int, accumulation: int = 1, resume: bool = False) -> Accelerator:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation, project_config=project)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(steps * accumulation, 3)), batch_size=1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if resume:
+        accelerator.load_state()
+    for (x,) in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(x).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+    accelerator.end_training()
+    return accelerator
+
+
+def test_periodic_checkpoints_every_n_optimizer_steps_count_steps_across_a_resume(tmp_path):
+    project = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True, save_every_n_steps=2)
+    _train(project, steps=5, accumulation=2)  # 5 optimizer steps: saves after steps 2 and 4
+    saved = sorted((tmp_path / "checkpoints").iterdir())
+    assert [p.name for p in saved] == ["checkpoint_0", "checkpoint_1"]
+    manifests = [json.loads((p / "hasten_checkpoint.json").read_text()) for p in saved]
+    assert [m["run"]["optimizer_steps"] for m in manifests] == [2, 4]
+    assert all(m["step"] % 2 == 0 and m["gradient_accumulation_steps"] == 2 for m in manifests)  # whole cycles
+    again = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True, save_every_n_steps=2)
+    # counts on from the checkpoint's step 4 (the loader starts its epoch afresh: no use_stateful_dataloader)
+    accelerator = _train(again, steps=5, accumulation=2, resume=True)
+    assert accelerator._boundary_watch.optimizer_steps == 9
+    newest = [json.loads((tmp_path / "checkpoints" / f"checkpoint_{i}" / "hasten_checkpoint.json").read_text())
+              for i in (2, 3)]
+    assert [m["run"]["optimizer_steps"] for m in newest] == [6, 8]
