@@ -194,6 +194,16 @@ def render(records: list[dict], quick: bool) -> str:
     if faults:
         rows.append(["faults: exact resume, preemption, hang detection (below)", "all hold",
                      f"{sum(bool(r['holds']) for r in faults)} of {len(faults)} hold", verdict(all(r["holds"] for r in faults))])
+    elastic = [r for r in by(records, "elastic") if r.get("shrink_s") is not None]
+    if elastic:
+        worst = max(r["shrink_s"] for r in elastic)
+        rows.append(["elastic run: SIGKILL of a machine → first step on the survivor, every engine measured "
+                     f"({', '.join(r['engine'] for r in elastic)})", "≤ 60 s", f"{worst:.1f} s (the slowest median)",
+                     verdict(worst <= 60 and all(r["finished"] for r in elastic))])
+    periodic = next((r for r in by(records, "elastic") if r["name"] == "periodic checkpoint cost" and "ratio" in r), None)
+    if periodic:
+        rows.append(["periodic asynchronous checkpoints (every 20 steps, 2-process DDP): training time with / "
+                     "without", "≤ 1.01", f(periodic["ratio"], 3), verdict(periodic["ratio"] <= 1.01)])
     if rows:
         lines += ["## Targets", ""]
         lines += table(["what", "target", "measured", "verdict"], rows)
@@ -444,6 +454,10 @@ def render(records: list[dict], quick: bool) -> str:
             rows.append(row)
         lines += table(["behaviour (does it hold?)", *[{"hasten": "hasten", **peer_title}[fw] for fw in shown]], rows)
 
+    from _render_elastic import elastic_section  # (imports this module's helpers)
+
+    lines += elastic_section(by(records, "elastic"))
+
     # notes and raw output
     lines += ["## How the peers were run", "",
               "- **Accelerate**: in the speed benchmark its loop runs in the same 2 processes as the raw and hasten "
@@ -487,3 +501,4 @@ def _measure(r: dict) -> float | None:
     if r.get("verdict_on") == "max(wall_ratio, cpu_ratio)":
         return max(x for x in (r.get("wall_ratio"), r.get("cpu_ratio")) if x is not None)
     return r.get(_measure_key(r))
+
