@@ -272,3 +272,31 @@ def test_a_network_partition_stops_the_side_without_the_store_and_the_other_goes
     assert "elastic run re-formed: 2 -> 1 processes" in store_side, store_side[-3000:]
     uninterrupted = reference("ddp", tmp_path / "ref")
     assert_same_training("ddp", out, uninterrupted)
+
+
+# ---------------------------------------------------------------------------------------------- the store's machine
+@pytest.mark.timeout(300)
+def test_losing_the_machine_that_holds_the_store_ends_the_others_with_one_line(tmp_path):
+    """torch's c10d store lives on the main machine: the others cannot re-form without it, and say so."""
+    out, port = tmp_path / "store", rendezvous_port()
+    out.mkdir()
+    liveness = 15.0
+    machines = [Machine(machine_command(rank, "127.0.0.1", port, out, "ddp", "--liveness_timeout", str(liveness)),
+                        f"store-{rank}-{port}", out / f"machine{rank}.log") for rank in (0, 1)]
+    try:
+        machines[0].start()
+        time.sleep(1.0)
+        machines[1].start()
+        wait_for(lambda: len(steps_at(out, 2)) >= 2 * 4, 240, "four steps on two machines", machines)
+        killed = time.time()
+        machines[0].kill()
+        code = machines[1].wait(120)
+        stopped = time.time() - killed
+    finally:
+        for machine in machines:
+            kill_marked(machine.mark)
+    log = machines[1].log.read_text()
+    assert code != 0, log[-3000:]
+    assert ("could not reach the elastic run's rendezvous store" in log
+            or "lost its rendezvous store" in log), log[-3000:]
+    assert stopped <= liveness + 10.0, f"machine 1 stopped {stopped:.1f} s after the store's machine was lost"

@@ -146,6 +146,11 @@ def test_the_command_line_and_the_config_file_take_a_range(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "hasten", "launch", "--num_machines", "2:1", str(script)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "MIN must be at least 1 and at most MAX" in bad.stderr
+    # an accumulation given at launch is checked there, for every size the run may meet, before anything starts
+    uneven = subprocess.run([sys.executable, "-m", "hasten", "launch", "--dry_run", "--num_machines", "1:3",
+                             "--num_processes", "3", "--main_process_ip", "127.0.0.1", "--gradient_accumulation_steps",
+                             "1", str(script)], capture_output=True, text=True, timeout=120)
+    assert uneven.returncode == 2 and "which 2 processes cannot hold" in uneven.stderr
 
 
 def test_the_store_watch_says_so_when_the_store_is_unreachable_and_stays_quiet_while_it_answers():
