@@ -9,8 +9,9 @@ Across shrink and growth, compared with an uninterrupted 2-process run of the sa
   in its last execution);
 - the learning rate of every optimizer step is the uninterrupted run's;
 - the final parameters are the uninterrupted run's, up to float reordering (1e-5 relative);
-for DDP, FSDP2 (sharded checkpoints, 2 -> 1 -> 2 processes) and DeepSpeed ZeRO-2. The three engines' runs go on
-side by side (each mostly waits: on the rendezvous, or in its paced steps).
+for DDP, FSDP2 (sharded checkpoints, 2 -> 1 -> 2 processes) and DeepSpeed ZeRO-2; and the same for a machine that
+comes back while the group is still re-forming and is then lost again. The runs go on side by side (each mostly
+waits: on the rendezvous, or in its paced steps).
 
 A network partition, not only a kill, in two network namespaces: the side without the rendezvous store stops
 within the liveness limit, naming the cause; the side with it goes on; after the link is back, the cut machine's
@@ -130,6 +131,39 @@ class Scenario:
     logs: dict[str, str] = field(default_factory=dict)
 
 
+def returns_mid_reformation_then_lost_again(out: Path) -> Scenario:
+    """DDP: machine 1 is killed, started again while machine 0 is still re-forming the group, killed again once the
+    group has two machines again; the run finishes on machine 0 alone."""
+    out.mkdir(parents=True)
+    port = rendezvous_port()
+    machines = [Machine(machine_command(rank, "127.0.0.1", port, out, "ddp"), f"twice-{rank}-{port}",
+                        out / f"machine{rank}.log") for rank in (0, 1)]
+    scenario = Scenario(out)
+    try:
+        machines[0].start()
+        time.sleep(1.0)
+        machines[1].start()
+        wait_for(lambda: len(steps_at(out, 2)) >= 2 * 6, 240, "twice: six steps on two machines", machines)
+        (out / "pace").write_text("0.6")
+        killed = time.time()
+        machines[1].kill()
+        time.sleep(3.0)  # the survivor's collective has failed; its agent is re-forming the group
+        assert not steps_at(out, 1, killed), "the survivor stepped alone before the machine came back"
+        machines[1].start()
+        wait_for(lambda: len(steps_at(out, 2, killed)) >= 2 * 2, 180, "twice: two machines again", machines)
+        again = time.time()
+        machines[1].kill()
+        wait_for(lambda: steps_at(out, 1, again), 180, "twice: a step alone after the second loss", machines)
+        (out / "pace").write_text("0.05")
+        code = machines[0].wait(240)
+        assert code == 0, f"twice: machine 0 exited {code}:\n{machines[0].log.read_text()[-6000:]}"
+    finally:
+        for machine in machines:
+            kill_marked(machine.mark)
+        scenario.logs = {m.log.name: m.log.read_text() for m in machines if m.log.exists()}
+    return scenario
+
+
 def shrink_and_grow(engine: str, out: Path) -> Scenario:
     out.mkdir(parents=True)
     port = rendezvous_port()
@@ -199,11 +233,14 @@ def runs(tmp_path_factory):
 
     def run(engine: str) -> None:
         try:
+            if engine == "twice":
+                results[engine] = returns_mid_reformation_then_lost_again(root / engine)
+                return
             results[engine] = (shrink_and_grow(engine, root / engine), reference(engine, root / f"{engine}-ref"))
         except BaseException as error:  # noqa: BLE001 - reported by the engine's test
             results[engine] = error
 
-    threads = [threading.Thread(target=run, args=(engine,)) for engine in ENGINES]
+    threads = [threading.Thread(target=run, args=(engine,)) for engine in [*ENGINES, "twice"]]
     for thread in threads:
         thread.start()
         time.sleep(2.0)  # staggered: three launches importing torch at once slow each other's first steps
@@ -229,6 +266,37 @@ def test_a_lost_machine_shrinks_the_run_and_its_return_grows_it_with_nothing_los
     assert_same_training(engine, scenario.out, uninterrupted)
     # the accumulation each step ran with: 2 batches a process on one machine, 1 on two
     assert {(r["world"], r["accumulation"]) for r in records(scenario.out)} == {(2, 1), (1, 2)}
+    if engine == "ddp":
+        assert_reformations_on_the_trackers_step_axis(scenario.out / "project" / "elastic")
+
+
+def assert_reformations_on_the_trackers_step_axis(logs: Path) -> None:
+    """Each re-formation is a TensorBoard record, at a step no lower than any step logged before it (read back with
+    TensorBoard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = []
+    for path in sorted(logs.glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(path))
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            events += [(e.wall_time, tag, e.step, e.value) for e in accumulator.Scalars(tag)]
+    events.sort()
+    records = [(wall, step, value) for wall, tag, step, value in events if tag == "elastic/processes"]
+    assert [value for _, _, value in records] == [1.0, 2.0], events  # shrunk to 1, grown back to 2
+    for wall, step, _ in records:
+        before = [s for w, tag, s, _ in events if tag == "loss" and w < wall]
+        assert before and step >= max(before), f"a re-formation logged at step {step} after step {max(before)}"
+
+
+@pytest.mark.timeout(960)
+def test_a_machine_that_returns_while_the_group_reforms_and_is_lost_again_leaves_one_consistent_run(runs):
+    result = runs["twice"]
+    if isinstance(result, BaseException):
+        raise result
+    uninterrupted = runs["ddp"][1] if isinstance(runs["ddp"], tuple) else reference("ddp", result.out.parent / "ref")
+    assert_same_training("twice", result.out, uninterrupted)
+    assert {r["world"] for r in records(result.out)} == {1, 2}
 
 
 # ---------------------------------------------------------------------------------------------- a partition

@@ -10,7 +10,7 @@ steps, in the background); nothing in it knows about elasticity. Each sample car
 optimizer step each process appends one JSON line to OUT_DIR/steps.rank<R>.pid<PID>.jsonl: the optimizer step
 (counted by a registered object, so it survives a resume), the group's size, the accumulation, the learning rate
 and the indices this process trained on in that step. The main process writes the final parameters to
-OUT_DIR/final.safetensors.
+OUT_DIR/final.safetensors, and (ENGINE ddp) logs each step's loss to TensorBoard under OUT_DIR/project/elastic.
 """
 
 import json
@@ -70,7 +70,7 @@ def main() -> None:
         cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
         project_config=ProjectConfiguration(str(out / "project"), automatic_checkpoint_naming=True, total_limit=3,
                                             save_every_n_steps=2),
-        **plugins(engine))
+        log_with="tensorboard" if engine == "ddp" else None, **plugins(engine))
     generator = torch.Generator().manual_seed(1234)
     x = torch.randn(SAMPLES, 6, generator=generator)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin(), torch.arange(SAMPLES))
@@ -83,6 +83,8 @@ def main() -> None:
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     count = StepCount()
     accelerator.register_for_checkpointing(count)
+    if engine == "ddp":
+        accelerator.init_trackers("elastic")
     accelerator.load_state()  # the newest complete checkpoint, at whatever size the group has now
     log = out / f"steps.rank{accelerator.process_index}.pid{os.getpid()}.jsonl"
     seen: list[int] = []
@@ -99,6 +101,7 @@ def main() -> None:
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
                 count.done += 1
+                accelerator.log({"loss": loss.item()}, step=count.done)
                 with log.open("a") as file:
                     file.write(json.dumps({"step": count.done, "world": accelerator.num_processes,
                                            "accumulation": accelerator.gradient_accumulation_steps, "lr": lr,
