@@ -10,6 +10,8 @@ Modules (one concept each):
 - `dispatch.py`: `init_empty_weights`, `dispatch_model`, `cpu_offload`, `disk_offload`,
   `load_checkpoint_and_dispatch`.
 - `casting.py`: layerwise casting (weights stored in a small dtype, cast up per layer for its forward).
+- `bnb.py`, `bnb_loading.py`, `bnb_params.py`, `bnb_checkpoint.py`: bitsandbytes 8-/4-bit loading
+  (`load_and_quantize_model`; layers converted, weights quantized as they are placed, 8-bit scales on disk).
 - `model_helpers.py`: the rest of ``accelerate.utils.modeling`` (offloaded state dicts, `align_module_device`,
   `load_state_dict`, autocast and grad-scaler helpers).
 - `estimate.py`: `hasten estimate-memory`.

@@ -1,10 +1,12 @@
-"""Accelerate's bitsandbytes names (``accelerate.utils.bnb`` and its `BnbQuantizationConfig`).
+"""Accelerate's bitsandbytes names, the model side: `BnbQuantizationConfig`, which modules to convert, converting them.
 
-hasten does not quantize models itself: `load_and_quantize_model` and the
-functions that replace or offload quantized layers refuse in one sentence
-(load the model quantized with transformers' ``BitsAndBytesConfig``
-instead; `prepare` trains such models, see `quantized.py`). The config
-object, and the helpers that only look at a model, work as Accelerate's.
+`replace_with_bnb_layers` swaps a model's `nn.Linear` layers for
+bitsandbytes' `Linear8bitLt` / `Linear4bit` (weights still unquantized:
+bitsandbytes quantizes them when they are placed on a device), skipping the
+modules Accelerate's rules keep in full precision (`get_keys_to_not_convert`:
+tied weights and the output head). Loading and quantizing a whole model is
+`bnb_loading.py`; placing data into a quantized parameter, `bnb_params.py`.
+bitsandbytes is imported only by the functions that build its layers.
 
 Example:
     >>> config = BnbQuantizationConfig(load_in_8bit=True)
@@ -14,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.unavailable import refused_function
 from ..options.enums import CustomDtype
 from .sizes import find_tied_parameters
 
-__all__ = ["BnbQuantizationConfig", "get_keys_to_not_convert", "get_parameter_device", "has_4bit_bnb_layers",
-           "load_and_quantize_model", "get_quantized_model_device_map", "replace_with_bnb_layers",
-           "quantize_and_offload_8bit"]
+__all__ = ["BnbQuantizationConfig", "bitsandbytes", "get_keys_to_not_convert", "get_parameter_device",
+           "has_4bit_bnb_layers", "replace_with_bnb_layers"]
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -47,7 +50,7 @@ class BnbQuantizationConfig:
     Checked as Accelerate checks it; "fp32"/"fp16"/"bf16" strings become
     torch dtypes, `torch_dtype` defaults to fp16 (8-bit) or the 4-bit compute
     dtype, and `target_dtype` is ``torch.int8`` or ``CustomDtype.INT4``.
-    hasten itself quantizes nothing with it (see the module's docstring).
+    `load_and_quantize_model` quantizes a model by it.
 
     Example:
         >>> BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_compute_dtype="bf16").torch_dtype
@@ -142,18 +145,81 @@ def has_4bit_bnb_layers(model: nn.Module) -> bool:
                    for cls in type(module).__mro__) for module in model.modules())
 
 
-_REFUSED = ("needs bitsandbytes quantization, which hasten does not do itself; load the model quantized with "
-            "transformers' BitsAndBytesConfig (from_pretrained(..., quantization_config=...)) and prepare it instead.")
-_HERE = "hasten.utils.bnb"
-load_and_quantize_model = refused_function(
-    "load_and_quantize_model", _REFUSED, _HERE, "model", "bnb_quantization_config", weights_location=None,
-    device_map=None, no_split_module_classes=None, max_memory=None, offload_folder=None, offload_state_dict=False)
-get_quantized_model_device_map = refused_function(
-    "get_quantized_model_device_map", _REFUSED, _HERE, "model", "bnb_quantization_config", device_map=None,
-    max_memory=None, no_split_module_classes=None)
-replace_with_bnb_layers = refused_function("replace_with_bnb_layers", _REFUSED, _HERE, "model",
-                                           "bnb_quantization_config", modules_to_not_convert=None,
-                                           current_key_name=None)
-quantize_and_offload_8bit = refused_function("quantize_and_offload_8bit", _REFUSED, _HERE, "model", "param",
-                                             "param_name", "new_dtype", "offload_folder", "offload_index",
-                                             "fp16_statistics")
+def bitsandbytes() -> Any:
+    """The bitsandbytes module, imported on first use (it initialises devices when imported), or an install hint.
+
+    Example:
+        >>> bitsandbytes().nn.Linear8bitLt.__name__
+        'Linear8bitLt'
+    """
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise ImportError("quantizing with a BnbQuantizationConfig needs bitsandbytes; install it with "
+                          "pip install bitsandbytes (its CPU backend quantizes without a GPU).") from None
+    return bnb
+
+
+def replace_with_bnb_layers(model: nn.Module, bnb_quantization_config: BnbQuantizationConfig,
+                            modules_to_not_convert: list[str] | None = None,
+                            current_key_name: list[str] | None = None) -> nn.Module:
+    """Replace the `nn.Linear` layers of `model` (in place) by bitsandbytes' 8-bit or 4-bit layers; returns `model`.
+
+    A layer is kept when its own name is in `modules_to_not_convert`, or
+    when an entry names it or an ancestor, compared as Accelerate does: the
+    entry equals the layer's dotted path, or occurs in it followed by a dot
+    (``"lm_head"`` keeps ``lm_head``; ``"attn"`` keeps ``layers.0.attn.q``).
+    The new layer takes the old one's weight and bias as they are (bitsandbytes
+    quantizes them when they are placed on a device) and requires no
+    gradient. 8-bit layers get ``llm_int8_threshold``, 4-bit ones the compute
+    dtype, quant type and double quantization of the config. A model
+    without any Linear layer is logged, as Accelerate does.
+
+    Example:
+        >>> config = BnbQuantizationConfig(load_in_8bit=True)
+        >>> model = replace_with_bnb_layers(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), config,
+        ...                                 modules_to_not_convert=["1"])
+        >>> [type(layer).__name__ for layer in model]
+        ['Linear8bitLt', 'Linear']
+    """
+    replaced = _replace(model, bnb_quantization_config, list(modules_to_not_convert or []), list(current_key_name or []))
+    if not replaced:
+        logger.warning("no nn.Linear layer of this model was replaced by a bitsandbytes layer (some architectures, e.g. "
+                       "GPT-2's Conv1D, use other layers); check the model, or the modules left unconverted.")
+    return model
+
+
+def _kept(path: str, modules_to_not_convert: list[str]) -> bool:
+    """Accelerate's rule: an entry equal to the layer's path, or found in it followed by a dot, keeps the layer."""
+    return any(key == path or (key in path and key + "." in path) for key in modules_to_not_convert)
+
+
+def _replace(model: nn.Module, config: BnbQuantizationConfig, keep: list[str], path: list[str]) -> bool:
+    replaced = False
+    for name, module in model.named_children():
+        path.append(name)
+        if isinstance(module, nn.Linear) and name not in keep and not _kept(".".join(path), keep):
+            setattr(model, name, _bnb_layer(module, config))
+            replaced = True
+        if next(module.children(), None) is not None:  # (the original module's children, as Accelerate walks them)
+            replaced = _replace(module, config, keep, path) or replaced
+        path.pop()
+    return replaced
+
+
+def _bnb_layer(linear: nn.Linear, config: BnbQuantizationConfig) -> nn.Module:
+    """The bitsandbytes layer standing for `linear`, holding its (still unquantized) weight and bias."""
+    bnb = bitsandbytes()
+    bias = linear.bias is not None
+    layer: nn.Module
+    if config.load_in_8bit:
+        layer = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias, has_fp16_weights=False,
+                                    threshold=config.llm_int8_threshold)
+    else:
+        layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias, config.bnb_4bit_compute_dtype,
+                                  compress_statistics=config.bnb_4bit_use_double_quant,
+                                  quant_type=config.bnb_4bit_quant_type)
+    layer.weight.data = linear.weight.data
+    if bias:
+        layer.bias.data = linear.bias.data
+    return layer.requires_grad_(False)

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..runtime.collectives import send_to_device
 from ..runtime.memory import clear_device_cache
+from .bnb_checkpoint import scales_for
 from .offload import OffloadedWeightsLoader, PrefixedDataset, announce_offloaded_module
 from .sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 
@@ -279,7 +280,7 @@ class AlignDevicesHook(ModelHook):
                         self.tied_pointers_to_remove.add((pointer, self.execution_device))
                 # On CPU with matching dtype a memory-mapped weight is used as is, without a copy.
                 set_module_tensor_to_device(module, name, self.execution_device, value=value, tied_params_map=tied,
-                                            clear_cache=False)
+                                            fp16_statistics=scales_for(self.weights_map, name, value), clear_cache=False)
                 del value
             announce_offloaded_module(self.weights_map, names)
         if self.execution_device is None:

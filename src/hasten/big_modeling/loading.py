@@ -27,6 +27,8 @@ from torch import nn
 
 from .filenames import checkpoint_files
 from ..logging import get_logger
+from .bnb_checkpoint import ScalePairing, quantize_and_offload_8bit, scale_name
+from .bnb_params import is_quantized_param
 from .copies import ParallelCopies
 from .offload import dat_entry, load_offloaded_weights, offload_file_range, offload_weight, save_offload_index
 from .safetensors_reading import FileRange, read_safetensors
@@ -247,6 +249,11 @@ def load_checkpoint_in_model(
     tensor takes the model's dtype. `offload_state_dict` parks CPU tensors
     on disk until the end. Missing and unexpected keys are a ValueError with
     `strict`, else a warning. Tied parameters are tied again at the end.
+    bitsandbytes layers quantize their weights as they are placed; an int8
+    weight is placed with its scales (``<module>.SCB``, wherever the file
+    has them), and with `offload_8bit_bnb` the 8-bit weights bound for disk
+    (or parked there) are quantized first and written with their scales
+    (`bnb_checkpoint.py`).
 
     Parameters that are DTensors (a model sharded with FSDP2 / tensor
     parallelism, already materialised) are filled in place: each process
@@ -269,9 +276,6 @@ def load_checkpoint_in_model(
         >>> empty.weight.device
         device(type='cpu')
     """
-    if offload_8bit_bnb:
-        raise NotImplementedError("offload_8bit_bnb needs bitsandbytes 8-bit quantization, which hasten does not do; "
-                                  "load without it.")
     if broadcast_from_rank0 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         raise ValueError("broadcast_from_rank0=True needs an initialized torch.distributed process group (rank 0 reads, "
                          "the other ranks receive); call init_process_group first or pass broadcast_from_rank0=False.")
@@ -329,7 +333,7 @@ def load_checkpoint_in_model(
     fp32 = list(keep_in_fp32_modules or [])
     copies = ParallelCopies()
     try:
-        for file_name, name, tensor in tensors:
+        for file_name, name, tensor, scales in ScalePairing(model).stream(tensors):
             if name not in expected:
                 unexpected.append(name)
                 continue
@@ -348,7 +352,15 @@ def load_checkpoint_in_model(
                 folder, index = (offload_folder, offload_index) if device == "disk" else (staging, staged_index)
                 assert folder is not None  # offload_folder was required above for "disk"; staging exists for "cpu"
                 target = (cast or model_dtype) if tensor.is_floating_point() else tensor.dtype
+                if offload_8bit_bnb and _quantized(model, name):  # written as int8 rows + scales (Accelerate's files)
+                    new_dtype = cast or dtype or model_dtype  # (dtype, not the int8 of quantized data: Accelerate's)
+                    quantize_and_offload_8bit(model, _loaded(tensor), name, new_dtype, folder, index,  # type: ignore[arg-type]
+                                              None if scales is None else _loaded(scales))
+                    loaded.add(name)
+                    continue
                 set_module_tensor_to_device(model, name, "meta", dtype=target)
+                if scales is not None:  # an 8-bit weight read quantized: its scales go beside it
+                    offload_weight(_loaded(scales), scale_name(name), folder, index=index)
                 if isinstance(tensor, FileRange) and tensor.dtype == target:  # never enters this process's memory
                     index[name] = dat_entry(target, tensor.shape)  # here, so the index keeps the checkpoint's order
                     copies.submit(_copy_to_dat, tensor, name, folder)
@@ -358,7 +370,7 @@ def load_checkpoint_in_model(
                 _share(model, name, next(n for n in twin_of[name] if n in in_memory))  # one copy of a tied weight
                 in_memory.add(name)
             else:
-                _place(model, name, _loaded(tensor), device, cast)
+                _place(model, name, _loaded(tensor), device, cast, None if scales is None else _loaded(scales))
                 in_memory.add(name)
             loaded.add(name)
             del tensor  # drop the only reference before reading the next one
@@ -388,11 +400,18 @@ def _loaded(tensor: torch.Tensor | FileRange) -> torch.Tensor:
     return tensor.load() if isinstance(tensor, FileRange) else tensor
 
 
-def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast: torch.dtype | str | None) -> None:
+def _quantized(model: nn.Module, name: str) -> bool:
+    owner, leaf = _owner(model, name)
+    return is_quantized_param(owner._parameters.get(leaf))
+
+
+def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast: torch.dtype | str | None,
+           scales: torch.Tensor | None = None) -> None:
     """Put one checkpoint tensor into the model; without a device map, fill real tensors in place.
 
     Filling in place keeps the tensor's identity (ties, optimizer references)
-    and device; ``meta`` tensors go to the CPU.
+    and device; ``meta`` tensors go to the CPU. A bitsandbytes weight is
+    placed (and so quantized), never filled, with its 8-bit `scales`.
     """
     owner, leaf = _owner(model, name)
     current = getattr(owner, leaf)
@@ -400,13 +419,14 @@ def _place(model: nn.Module, name: str, tensor: torch.Tensor, device: Any, cast:
     if dtensor is not None and isinstance(current, dtensor):
         _fill_shard(name, current, tensor, cast)
         return
-    if device is None and not current.is_meta and (cast is None or cast == current.dtype):
+    quantized = is_quantized_param(current)
+    if device is None and not current.is_meta and (cast is None or cast == current.dtype) and not quantized:
         with torch.no_grad():
             current.copy_(tensor)
         return
     if device is None:
         device = "cpu" if current.is_meta else current.device
-    set_module_tensor_to_device(model, name, device, value=tensor, dtype=cast, clear_cache=False)
+    set_module_tensor_to_device(model, name, device, value=tensor, dtype=cast, fp16_statistics=scales, clear_cache=False)
 
 
 def _fill_shard(name: str, current: Any, tensor: torch.Tensor, cast: torch.dtype | str | None) -> None:

@@ -251,11 +251,15 @@ def load_offloaded_weights(model: nn.Module, index: Mapping[str, Mapping[str, An
         >>> empty.weight.device
         device(type='cpu')
     """
-    for name, info in (index or {}).items():
+    index = index or {}
+    for name, info in index.items():
         if "SCB" in name:  # bitsandbytes statistics travel with their weight, not as tensors of the model
             continue
+        scales = name.replace("weight", "SCB")  # an 8-bit weight's row scales, beside it (Accelerate's names)
+        statistics = (load_offloaded_weight(Path(offload_folder) / f"{scales}.dat", index[scales]).clone()
+                      if "weight" in name and scales in index else None)
         weight = load_offloaded_weight(Path(offload_folder) / f"{name}.dat", info).clone()
-        set_module_tensor_to_device(model, name, "cpu", value=weight)
+        set_module_tensor_to_device(model, name, "cpu", value=weight, fp16_statistics=statistics)
         del weight
 
 

@@ -18,6 +18,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .bnb_params import is_quantized_param, place_quantized
+
 __all__ = [
     "check_tied_parameters_on_same_device",
     "compute_module_sizes",
@@ -73,6 +75,7 @@ def dtype_byte_size(dtype: torch.dtype | str) -> float:
         >>> dtype_byte_size(torch.float16), dtype_byte_size(torch.bool), dtype_byte_size("int4")
         (2, 0.125, 0.5)
     """
+    dtype = getattr(dtype, "value", dtype)  # Accelerate's CustomDtype members ("int4", ...)
     if isinstance(dtype, str):
         if dtype in _ESTIMATE_DTYPES:
             return _ESTIMATE_DTYPES[dtype]
@@ -355,8 +358,10 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
     (pinned CPU memory to CUDA); `clear_cache` empties the accelerator's
     cache afterwards when `device` is an accelerator (hasten's own hooks and
     loaders pass False: emptying it per tensor only slows them down).
-    `fp16_statistics` (bitsandbytes 8-bit statistics) is refused: hasten
-    does not load bitsandbytes-quantized weights.
+    A bitsandbytes parameter (`Int8Params`, `Params4bit`) is quantized as it
+    is placed, and already-quantized int8 data keeps its values, with
+    `fp16_statistics` (its row scales) as the weight's ``SCB``; see
+    `bnb_params.py`.
 
     Example:
         >>> with torch.device("meta"):
@@ -365,9 +370,6 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
         >>> layer.weight.device, layer.weight.requires_grad
         (device(type='cpu'), True)
     """
-    if fp16_statistics is not None:
-        raise NotImplementedError("set_module_tensor_to_device(fp16_statistics=...) is for bitsandbytes 8-bit weights, "
-                                  "which hasten does not load; pass the weights unquantized.")
     owner, leaf = _owner(module, tensor_name)
     is_buffer = leaf in owner._buffers
     if not is_buffer and leaf not in owner._parameters:
@@ -387,30 +389,41 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
     dtype = _to_dtype(dtype)
     if value is None and old.is_meta and target.type != "meta":
         raise ValueError(f"{tensor_name!r} is on the meta device, so it has no data to put on {device}; pass `value`.")
+    quantized = not is_buffer and is_quantized_param(old)
     with torch.no_grad():
         if value is not None:
             value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-            if value.shape != old.shape:
+            if value.shape != old.shape and type(old).__name__ != "Params4bit":  # 4-bit data is packed
                 # Accelerate's exact sentence: libraries and tests compare it whole
                 raise ValueError(f'Trying to set a tensor of shape {value.shape} in "{leaf}" (which has shape {old.shape}), '
                                  "this looks incorrect.")
-            if dtype is None:
-                value = value.to(old.dtype)  # what load_state_dict does: the model's dtype wins
-            elif not str(value.dtype).startswith(_NEVER_CAST):
+            if dtype is None and not (quantized and str(value.dtype).startswith(_NEVER_CAST)):
+                value = value.to(old.dtype)  # what load_state_dict does: the model's dtype wins (not quantized data)
+            elif dtype is not None and not str(value.dtype).startswith(_NEVER_CAST):
                 value = value.to(dtype)
-            new = value.to(target, non_blocking=non_blocking)
+            new = value if quantized else value.to(target, non_blocking=non_blocking)
+        elif quantized:  # moved by its own class below (the data it holds may be quantized already)
+            cast_on_meta = dtype is not None and target.type == "meta" and old.is_floating_point()
+            new = old.data.to(dtype) if cast_on_meta else old.data
         else:
             new = old.to(target, non_blocking=non_blocking)
             if dtype is not None and target.type == "meta" and not str(old.dtype).startswith(_NEVER_CAST):
                 new = new.to(dtype)
         if is_buffer:
             owner._buffers[leaf] = new
+        elif quantized:
+            if value is not None or old.device != target or new.dtype != old.dtype:  # bitsandbytes quantizes on the way
+                owner._parameters[leaf] = place_quantized(old, new, target, fp16_statistics)
+            elif fp16_statistics is not None:
+                old.SCB = fp16_statistics.to(target)
         elif new is not old:
             grad = old.requires_grad and (new.is_floating_point() or new.is_complex())
             try:
                 owner._parameters[leaf] = cast(nn.Parameter, type(old)(new, requires_grad=grad))
             except TypeError:  # a Parameter subclass with another constructor
                 owner._parameters[leaf] = nn.Parameter(new, requires_grad=grad)
+        if fp16_statistics is not None and not quantized and not is_buffer:  # as Accelerate: the 8-bit scales ride along
+            owner._parameters[leaf].SCB = fp16_statistics.to(target)  # type: ignore[union-attr]
     if tied_params_map is not None:
         for source in (old, value):
             if source is not None and not source.is_meta and source.data_ptr() in tied_params_map:

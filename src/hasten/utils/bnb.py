@@ -1,7 +1,7 @@
-"""The peer's ``accelerate.utils.bnb`` path: names only; the code lives in `hasten.big_modeling.bnb`.
+"""The peer's ``accelerate.utils.bnb`` path: names only; the code lives in `hasten.big_modeling` (bnb*.py).
 
-hasten does not quantize models itself: the functions that would (e.g. `load_and_quantize_model`) refuse in
-one sentence; the ones that only inspect a model work as Accelerate's.
+`load_and_quantize_model` quantizes with bitsandbytes (on a GPU, or on the CPU with bitsandbytes' CPU backend);
+the helpers that convert layers, plan device maps and offload 8-bit weights are Accelerate's names too.
 
 Example:
     >>> import torch
@@ -11,14 +11,14 @@ Example:
 """
 
 from ..big_modeling.bnb import (
+    BnbQuantizationConfig,
     get_keys_to_not_convert,
     get_parameter_device,
-    get_quantized_model_device_map,
     has_4bit_bnb_layers,
-    load_and_quantize_model,
-    quantize_and_offload_8bit,
     replace_with_bnb_layers,
 )
+from ..big_modeling.bnb_loading import get_quantized_model_device_map, load_and_quantize_model
+from ..big_modeling.bnb_checkpoint import quantize_and_offload_8bit
 
-__all__ = ["get_keys_to_not_convert", "get_parameter_device", "get_quantized_model_device_map", "has_4bit_bnb_layers",
-           "load_and_quantize_model", "quantize_and_offload_8bit", "replace_with_bnb_layers"]
+__all__ = ["BnbQuantizationConfig", "get_keys_to_not_convert", "get_parameter_device", "get_quantized_model_device_map",
+           "has_4bit_bnb_layers", "load_and_quantize_model", "quantize_and_offload_8bit", "replace_with_bnb_layers"]
