@@ -201,12 +201,10 @@ def test_wrap_policies_follow_the_plugin():
 
     model = nn.Sequential(Block(), nn.Linear(4, 2))
     model._no_split_modules = ["Block"]
-    assert fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(), model) is None  # Accelerate's default: NO_WRAP
-    by_class = fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP"), model)
+    by_class = fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(), model)
     assert by_class(model[0]) and not by_class(model[1])
     with pytest.raises(ValueError, match="Could not find the transformer layer class Missing in the model"):
-        fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(
-            auto_wrap_policy="TRANSFORMER_BASED_WRAP", transformer_cls_names_to_wrap=["Missing"]), model)
+        fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Missing"]), model)
     by_size = fsdp2_prepare_auto_wrap_policy(
         FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=10), model)
     assert by_size(model[1]) is False and by_size(model[0]) is True  # 10 parameters is not more than 10
@@ -218,8 +216,7 @@ def test_activation_checkpointing_wraps_units_and_names_canonicalize_back():
 
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     names = [n for n, _ in model.named_parameters()]
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP",
-                                            transformer_cls_names_to_wrap=["Linear"], activation_checkpointing=True,
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"], activation_checkpointing=True,
                                             activation_checkpointing_offload=True)
     fsdp2_apply_ac(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)), model)
     assert type(model[0]).__name__ == "OffloadWrapper" and type(model[1]) is nn.ReLU
@@ -236,7 +233,7 @@ def test_plugin_fields_accelerate_has():
     full = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
     assert full.state_dict_config.offload_to_cpu and full.state_dict_config.rank0_only
     assert full.optim_state_dict_config.rank0_only
-    sharded = FullyShardedDataParallelPlugin(fsdp_version=2)  # FSDP2's default (FSDP1's is FULL_STATE_DICT)
+    sharded = FullyShardedDataParallelPlugin()
     assert sharded.state_dict_config.offload_to_cpu and type(sharded.state_dict_config).__name__ == "ShardedStateDictConfig"
     with pytest.raises(ValueError, match="activation_checkpointing_offload=True needs activation_checkpointing=True"):
         FullyShardedDataParallelPlugin(activation_checkpointing_offload=True)
@@ -288,7 +285,7 @@ FSDP_SCRIPT = textwrap.dedent("""
     from hasten.utils import FullyShardedDataParallelPlugin
     from hasten.utils.fsdp_utils import (fsdp2_load_full_state_dict, fsdp2_prepare_model, load_fsdp_model,
                                          save_fsdp_model)
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="NO_WRAP")
+    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="NO_WRAP")
     strategy = FSDPStrategy(torch.device("cpu"), None, plugin, world_size=1)
     accelerator = SimpleNamespace(strategy=strategy, is_main_process=True, process_index=0, device=torch.device("cpu"),
                                   wait_for_everyone=lambda: None)
