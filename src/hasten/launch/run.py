@@ -206,7 +206,8 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
             log_dir = tempfile.mkdtemp(prefix="attempt-", dir=plan.log_dir or run_dir)
             config, entrypoint, args = _elastic_config(plan, log_dir)
             cut_off = _store_watch(plan)
-            stack.callback(lambda watch=cut_off: watch is not None and watch.stop())
+            if cut_off is not None:
+                stack.callback(cut_off.stop)
             try:
                 with _watched(plan, run_dir, f"attempt-{attempt}") as monitor:
                     if cut_off is not None:
