@@ -14,6 +14,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from _render_elastic import elastic_section
+from _tables import f, table, verdict
+
 PEERS = {"accelerate": "accelerate", "fabric": "lightning"}  # name -> module
 FRAMEWORKS = ["hasten", *PEERS]
 TARGETS = {"steps": 0.99, "import": 1.05, "launch": 1.05, "gather": 1.10, "parameters": 1e-6}
@@ -57,26 +60,7 @@ def once(text: str) -> tuple[str, int]:
     return "\n".join(kept) + ("\n" if kept else ""), dropped
 
 
-# ---------------------------------------------------------------------------- formatting helpers
-def f(value, digits: int = 2, unit: str = "") -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}{unit}"
-    return f"{value}{unit}"
-
-
-def verdict(ok) -> str:
-    return "—" if ok is None else ("ok" if ok else "**MISSED**")
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    def cell(value) -> str:
-        return str(value).replace("|", "\\|").replace("\n", " ")
-
-    out = ["| " + " | ".join(cell(c) for c in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return out + [""]
+# the formatting helpers (f, verdict, table) live in _tables.py, shared with _render_elastic.py
 
 
 def by(records: list[dict], section: str) -> list[dict]:
@@ -453,8 +437,6 @@ def render(records: list[dict], quick: bool) -> str:
                 row.append("—" if r is None else f"{'**yes**' if r['holds'] else '**no**'}: {r['outcome']}")
             rows.append(row)
         lines += table(["behaviour (does it hold?)", *[{"hasten": "hasten", **peer_title}[fw] for fw in shown]], rows)
-
-    from _render_elastic import elastic_section  # (imports this module's helpers)
 
     lines += elastic_section(by(records, "elastic"))
 

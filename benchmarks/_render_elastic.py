@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from _render import f, table
+from _tables import f, table
 
 
 def elastic_section(records: list[dict]) -> list[str]:
