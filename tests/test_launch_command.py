@@ -105,6 +105,7 @@ def test_the_two_fronts_resolve_and_plan_alike(tmp_path, script, monkeypatch):
 # A sample command line for each config-file key that is a flag of its own, and the value it must reach.
 SAMPLES = {
     "num_machines": (["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "10.0.0.1"], 2),
+    "min_machines": (["--num_machines", "1:2", "--num_processes", "2", "--main_process_ip", "10.0.0.1"], 1),
     "machine_rank": (["--machine_rank", "1", "--num_machines", "2", "--num_processes", "2",
                       "--main_process_ip", "10.0.0.1"], 1),
     "main_process_ip": (["--main_process_ip", "10.1.1.1"], "10.1.1.1"),

@@ -15,11 +15,11 @@ from ..launch.config import (
     default_config_path,
     from_dict,
     load_config,
-    migrate,
     read_raw,
     save_config,
     to_dict,
 )
+from ..launch.config_migration import migrate
 from ..process.launch_spec import CONFIG_FILE_ENV, EXIT_INTERRUPTED, MIXED_PRECISION_CHOICES, fp8_problem
 from . import prompts
 

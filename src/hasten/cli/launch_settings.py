@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..launch.config import (ConfigError, DeepSpeedConfig, FSDPConfig, LaunchConfig, config_fields,
-                             config_file_to_read, from_dict, migrate, read_raw)
+                             config_file_to_read, from_dict, read_raw)
+from ..launch.config_migration import migrate
 
 __all__ = ["ResolvedLaunch", "resolve_config", "settings_of_namespace", "merge_options", "given_options", "gpu_count",
            "namespace_view", "threads_per_process"]

@@ -84,7 +84,7 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
         >>> convert_config_to_fsdp2({"fsdp_config": {"fsdp_use_orig_params": True}})["fsdp_config"]
         {'fsdp_version': 2}
     """
-    from ..launch.config import _FSDP_SHARDING_BY_NUMBER
+    from ..launch.config_migration import FSDP_SHARDING_BY_NUMBER
 
     fsdp_config = config.get("fsdp_config") or {}
     if not fsdp_config:
@@ -105,7 +105,7 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
             logger.warning(f"{key} is not yet implemented in FSDP2; dropped it.")
         else:
             if key == "fsdp_sharding_strategy" and type(value) is int:  # very old files: the enum's number
-                value = _FSDP_SHARDING_BY_NUMBER.get(value, value)
+                value = FSDP_SHARDING_BY_NUMBER.get(value, value)
             if key in ARGUMENT_VALUE_MAPPING:
                 value = ARGUMENT_VALUE_MAPPING[key].get(value, value)
             converted[str(target)] = value

@@ -25,9 +25,10 @@ from typing import Any, Mapping, get_args, get_origin
 from ..core.errors import ConfigError
 from ..strategies.fsdp.plugin import AUTO_WRAP_POLICIES, SHARDING_STRATEGIES, STATE_DICT_TYPES
 from ..process.launch_spec import CONFIG_FILE_ENV, MIXED_PRECISION_CHOICES, fp8_problem
+from .config_migration import migrate
 
 __all__ = ["ConfigError", "LaunchConfig", "DeepSpeedConfig", "FSDPConfig", "default_config_path", "config_file_to_read",
-           "load_config", "save_config", "migrate", "config_fields"]
+           "load_config", "save_config", "config_fields"]
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 MIXED_PRECISIONS = MIXED_PRECISION_CHOICES  # spelled once, in launch_spec
@@ -330,52 +331,6 @@ def section_values(schema: type, data: Mapping[str, Any] | None, section: str) -
     return values
 
 
-# ---------------------------------------------------------------------------- migration of old / Accelerate's files
-_FSDP_SHARDING_BY_NUMBER = {1: "FULL_SHARD", 2: "SHARD_GRAD_OP", 3: "NO_SHARD", 4: "HYBRID_SHARD", 5: "HYBRID_SHARD_ZERO2"}
-_RENAMED_FSDP_KEYS = {"fsdp_backward_prefetch_policy": "fsdp_backward_prefetch"}
-
-
-def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Bring an older file (hasten's or the peer tool's) to the current key layout.
-
-    Example:
-        >>> migrate({"fp16": True, "distributed_type": "DEEPSPEED"})["mixed_precision"]
-        'fp16'
-    """
-    data = dict(data)
-    if "fp16" in data:  # very old files: a boolean instead of mixed_precision
-        if data.pop("fp16"):
-            data.setdefault("mixed_precision", "fp16")
-    if "dynamo_backend" in data:
-        backend = data.pop("dynamo_backend")
-        if backend and str(backend).lower() != "no":
-            data.setdefault("dynamo_config", {})["dynamo_backend"] = backend
-    data.pop("use_mps_device", None)
-    if data.get("distributed_type") == "DEEPSPEED":
-        data.setdefault("use_deepspeed", True)
-    if data.get("distributed_type") == "FSDP":
-        data.setdefault("use_fsdp", True)
-    mpirun = data.get("mpirun_config") or {}
-    if mpirun.get("mpirun_hostfile"):
-        data.setdefault("mpirun", True)
-        data.setdefault("mpirun_hostfile", mpirun["mpirun_hostfile"])
-    fsdp = dict(data.get("fsdp_config") or {})
-    for old, new in _RENAMED_FSDP_KEYS.items():
-        if old in fsdp:
-            fsdp.setdefault(new, fsdp.pop(old))
-    if isinstance(fsdp.get("fsdp_sharding_strategy"), int):
-        fsdp["fsdp_sharding_strategy"] = _FSDP_SHARDING_BY_NUMBER.get(fsdp["fsdp_sharding_strategy"], fsdp["fsdp_sharding_strategy"])
-    if fsdp.get("fsdp_backward_prefetch") in (None, "NO_PREFETCH") and "fsdp_backward_prefetch" in fsdp:
-        fsdp["fsdp_backward_prefetch"] = "NO_PREFETCH"
-    if data.get("fsdp_config") is not None or fsdp:
-        data["fsdp_config"] = fsdp
-    if data.get("num_processes") == -1:  # the peer's "decide at launch time"
-        data["num_processes"] = 1
-    if data.get("gpu_ids") is None and "gpu_ids" in data:
-        data["gpu_ids"] = "all"
-    return data  # a null for a key that cannot be None means its default (see from_dict)
-
-
 def from_dict(data: Mapping[str, Any], source: str = "config") -> LaunchConfig:
     """Build and validate a LaunchConfig from a mapping (after migration).
 
@@ -385,14 +340,10 @@ def from_dict(data: Mapping[str, Any], source: str = "config") -> LaunchConfig:
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source} must be a mapping of keys to values, not a {type(data).__name__}.")
-    data = dict(migrate(data))
-    if isinstance(data.get("num_machines"), str) and ":" in data["num_machines"]:  # MIN:MAX: an elastic run
-        from ..process.elastic import ElasticSizeError, parse_machines
-
-        try:
-            data["min_machines"], data["num_machines"] = parse_machines(data["num_machines"])
-        except ElasticSizeError as error:
-            raise ConfigError(f"{error} ({source})") from None
+    try:
+        data = migrate(data)
+    except ValueError as error:  # e.g. a num_machines range that is no range
+        raise ConfigError(f"{error} ({source})") from None
     known = {f.name: f for f in fields(LaunchConfig)}
     values = {}
     for key, value in data.items():
