@@ -97,7 +97,7 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
                "file's, else one per visible GPU, at least 1)"),
         _value("--num_processes_per_machine", kind=int, metavar="N",
                text="hasten: processes on each machine (instead of the total --num_processes)"),
-        _value("--num_machines", kind=_machines, metavar="N|MIN:MAX",
+        _value("--num_machines", kind=_machines, metavar="[MIN:]MAX",
                text="number of machines; MIN:MAX (hasten's extension) starts an elastic run that goes on with any "
                     "number of machines in range, re-forming when one is lost or joins (docs/concepts/elastic.md)"),
         _value("--num_cpu_threads_per_process", kind=int, metavar="N",
