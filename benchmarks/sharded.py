@@ -140,8 +140,8 @@ def speed_worker(rounds: int, steps: int) -> None:
 
     from hasten import Accelerator, FullyShardedDataParallelPlugin
 
-    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["TransformerEncoderLayer"], cpu_ram_efficient_loading=False,
-                                            sync_module_states=False)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+                                            transformer_cls_names_to_wrap=["TransformerEncoderLayer"], cpu_ram_efficient_loading=False)
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = None

@@ -76,14 +76,14 @@ def test_tpu_install_refuses_and_bitsandbytes_quantization_takes_accelerates_par
 
 @pytest.mark.parametrize("cls, parameters", [("AimTracker", ["run_name", "logging_dir"]),
                                              ("DVCLiveTracker", ["run_name", "live"]),
-                                             ("TrackioTracker", ["run_name"])])
-def test_unintegrated_trackers_take_accelerates_arguments_and_refuse(cls, parameters):
+                                             ("TrackioTracker", ["run_name"]), ("CometMLTracker", ["run_name"]),
+                                             ("ClearMLTracker", ["run_name"]), ("SwanLabTracker", ["run_name"])])
+def test_more_trackers_take_accelerates_arguments(cls, parameters):
     import hasten.tracking
 
+    # what each does: tests/test_trackers_more.py
     tracker = getattr(hasten.tracking, cls)
     assert [p for p in _parameters(tracker) if p != "kwargs"] == parameters
-    with pytest.raises(NotImplementedError, match="does not integrate"):
-        tracker(run_name="run")
 
 
 # -- constants: Accelerate's values ------------------------------------------------------------------------------------
@@ -201,10 +201,12 @@ def test_wrap_policies_follow_the_plugin():
 
     model = nn.Sequential(Block(), nn.Linear(4, 2))
     model._no_split_modules = ["Block"]
-    by_class = fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(), model)
+    assert fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(), model) is None  # Accelerate's default: NO_WRAP
+    by_class = fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP"), model)
     assert by_class(model[0]) and not by_class(model[1])
     with pytest.raises(ValueError, match="Could not find the transformer layer class Missing in the model"):
-        fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Missing"]), model)
+        fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(
+            auto_wrap_policy="TRANSFORMER_BASED_WRAP", transformer_cls_names_to_wrap=["Missing"]), model)
     by_size = fsdp2_prepare_auto_wrap_policy(
         FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=10), model)
     assert by_size(model[1]) is False and by_size(model[0]) is True  # 10 parameters is not more than 10
@@ -216,7 +218,8 @@ def test_activation_checkpointing_wraps_units_and_names_canonicalize_back():
 
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     names = [n for n, _ in model.named_parameters()]
-    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"], activation_checkpointing=True,
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+                                            transformer_cls_names_to_wrap=["Linear"], activation_checkpointing=True,
                                             activation_checkpointing_offload=True)
     fsdp2_apply_ac(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)), model)
     assert type(model[0]).__name__ == "OffloadWrapper" and type(model[1]) is nn.ReLU
@@ -233,7 +236,7 @@ def test_plugin_fields_accelerate_has():
     full = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
     assert full.state_dict_config.offload_to_cpu and full.state_dict_config.rank0_only
     assert full.optim_state_dict_config.rank0_only
-    sharded = FullyShardedDataParallelPlugin()
+    sharded = FullyShardedDataParallelPlugin(fsdp_version=2)  # FSDP2's default (FSDP1's is FULL_STATE_DICT)
     assert sharded.state_dict_config.offload_to_cpu and type(sharded.state_dict_config).__name__ == "ShardedStateDictConfig"
     with pytest.raises(ValueError, match="activation_checkpointing_offload=True needs activation_checkpointing=True"):
         FullyShardedDataParallelPlugin(activation_checkpointing_offload=True)
@@ -285,7 +288,7 @@ FSDP_SCRIPT = textwrap.dedent("""
     from hasten.utils import FullyShardedDataParallelPlugin
     from hasten.utils.fsdp_utils import (fsdp2_load_full_state_dict, fsdp2_prepare_model, load_fsdp_model,
                                          save_fsdp_model)
-    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="NO_WRAP")
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="NO_WRAP")
     strategy = FSDPStrategy(torch.device("cpu"), None, plugin, world_size=1)
     accelerator = SimpleNamespace(strategy=strategy, is_main_process=True, process_index=0, device=torch.device("cpu"),
                                   wait_for_everyone=lambda: None)

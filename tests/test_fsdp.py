@@ -231,4 +231,5 @@ def test_wrap_policy_names_a_missing_class():
     from hasten.strategies.fsdp.strategy import wrap_unit_filter
 
     with pytest.raises(ValueError, match="does not contain"):
-        wrap_unit_filter(FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Nope"]), torch.nn.Linear(2, 2))
+        wrap_unit_filter(FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+                                                        transformer_cls_names_to_wrap=["Nope"]), torch.nn.Linear(2, 2))

@@ -27,7 +27,7 @@ def get_dataloaders(batch_size: int):
 def training_function(args):
     # New Code #
     # each process holds 1/N of every Linear (its own FSDP unit); checkpoints are written sharded
-    fsdp_plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1000,
+    fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1000,
                                                  state_dict_type="SHARDED_STATE_DICT")
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, fsdp_plugin=fsdp_plugin)
     set_seed(args.seed)

@@ -36,7 +36,7 @@ plugins = {}
 if engine == "fsdp":
     from hasten import FullyShardedDataParallelPlugin
 
-    plugins["fsdp_plugin"] = FullyShardedDataParallelPlugin()
+    plugins["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2)  # FSDP2: sharded checkpoints
 if engine == "deepspeed":
     from hasten.utils.deepspeed import DeepSpeedPlugin
 

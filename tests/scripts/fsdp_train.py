@@ -75,12 +75,15 @@ def plugin_for(variant: str):
         return None  # the reference run, or whatever `hasten launch` decoded
     from hasten import FullyShardedDataParallelPlugin
 
+    # FSDP2, as Accelerate's FSDP2 scripts ask for it (its plugin's defaults are FSDP1's, with no wrap units)
+    fsdp2 = dict(fsdp_version=2, cpu_ram_efficient_loading=True)
     if variant == "ac":
         return FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=100,
-                                              activation_checkpointing=True)
+                                              activation_checkpointing=True, **fsdp2)
+    by_block = dict(auto_wrap_policy="TRANSFORMER_BASED_WRAP", transformer_cls_names_to_wrap=["Block"], **fsdp2)
     if variant == "full":
-        return FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT", transformer_cls_names_to_wrap=["Block"])
-    return FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"])
+        return FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT", **by_block)
+    return FullyShardedDataParallelPlugin(**by_block)
 
 
 def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: int, variant: str, action: str) -> None:

@@ -46,7 +46,7 @@ def _name(base: str, index: int, suffix: str = "") -> str:
 
 
 def _is_full(fsdp_plugin: FullyShardedDataParallelPlugin) -> bool:
-    return fsdp_plugin.state_dict_type == "FULL_STATE_DICT"
+    return fsdp_plugin.state_dict_name == "FULL_STATE_DICT"
 
 
 def _per_rank(directory: Path, base: str, index: int, processes: Processes) -> Path:

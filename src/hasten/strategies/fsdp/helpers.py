@@ -164,7 +164,8 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: FullyShardedDataParallelPlugin,
     callable policy is returned as it is; NO_WRAP: None.
 
     Example:
-        >>> plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"])
+        >>> plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
+        ...                                         transformer_cls_names_to_wrap=["Linear"])
         >>> policy = fsdp2_prepare_auto_wrap_policy(plugin, nn.Sequential(nn.Linear(2, 2)))
         >>> policy(nn.Linear(3, 3)), policy(nn.ReLU())
         (True, False)
@@ -192,7 +193,7 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: FullyShardedDataParallelPlugin,
 
         return by_class
     if policy == "SIZE_BASED_WRAP" or function is size_based_auto_wrap_policy:
-        threshold = fsdp2_plugin.min_num_params
+        threshold = fsdp2_plugin.min_num_params or 0
         return lambda module: sum(p.numel() for p in module.parameters()) > threshold
     if callable(policy):
         return policy
@@ -215,7 +216,8 @@ def fsdp2_apply_ac(accelerator: Any, model: nn.Module) -> nn.Module:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"])
+        >>> plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
+        ...                                         transformer_cls_names_to_wrap=["Linear"])
         >>> accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin))
         >>> model = fsdp2_apply_ac(accelerator, nn.Sequential(nn.Linear(2, 2)))
         >>> type(model[0]).__name__

@@ -51,19 +51,34 @@ class _GradientSyncOff:
 def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -> Callable[[nn.Module], bool]:
     """Which submodules become their own FSDP unit (and get activation checkpointing), from the plugin's policy.
 
+    torch's `transformer_auto_wrap_policy` (or a partial of it): the classes named
+    in `transformer_cls_names_to_wrap`, else the model's `_no_split_modules`;
+    `size_based_auto_wrap_policy`: modules of more than `min_num_params`
+    parameters (none when it is 0); None: no units; another callable: used as
+    ``module -> bool``.
+
     Example:
-        >>> plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"])
+        >>> plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
+        ...                                         transformer_cls_names_to_wrap=["Linear"])
         >>> wrap_unit_filter(plugin, nn.Sequential(nn.Linear(2, 2)))(nn.Linear(2, 2))
         True
     """
+    import functools
+
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
     policy = plugin.auto_wrap_policy
-    if callable(policy):
-        return policy
-    if policy in (None, "NO_WRAP"):
+    function = policy.func if isinstance(policy, functools.partial) else policy
+    name = policy.upper() if isinstance(policy, str) else ""  # a name assigned after construction
+    if policy is None or name == "NO_WRAP":
         return lambda module: False
-    if policy == "SIZE_BASED_WRAP":
-        threshold = plugin.min_num_params
-        return lambda module: sum(p.numel() for p in module.parameters()) >= threshold
+    if function is size_based_auto_wrap_policy or name == "SIZE_BASED_WRAP":
+        threshold = plugin.min_num_params or 0
+        if threshold <= 0:  # Accelerate's: a policy of 0 parameters wraps nothing
+            return lambda module: False
+        return lambda module: sum(p.numel() for p in module.parameters()) > threshold
+    if function is not transformer_auto_wrap_policy and name != "TRANSFORMER_BASED_WRAP":
+        return cast(Callable[[nn.Module], bool], policy)
     names = list(plugin.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
     present = {type(m).__name__ for m in model.modules()}
     missing = [n for n in names if n not in present]
@@ -73,7 +88,7 @@ def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -
             f"use class names from the model (e.g. {sorted(present - {type(model).__name__})[:5]})."
         )
     wanted = set(names)
-    return lambda module: type(module).__name__ in wanted
+    return lambda module: type(getattr(module, "_checkpoint_wrapped_module", module)).__name__ in wanted
 
 
 def offload_saved_inputs(unit: nn.Module, pin_memory: bool = True) -> None:
@@ -118,7 +133,7 @@ class FSDPStrategy(Strategy):
     """Shard every prepared model with FSDP2; the optimizer steps on each process's shard.
 
     Example:
-        >>> strategy = FSDPStrategy(torch.device("cpu"), None, FullyShardedDataParallelPlugin(), world_size=1)
+        >>> strategy = FSDPStrategy(torch.device("cpu"), None, FullyShardedDataParallelPlugin(fsdp_version=2), world_size=1)
         >>> strategy.distributed_type.value, strategy.writes_own_checkpoint_files
         ('FSDP', True)
     """
@@ -132,7 +147,7 @@ class FSDPStrategy(Strategy):
         self.plugin = plugin
         self.world_size = world_size
         self.parallelism_config = parallelism_config
-        self.writes_own_checkpoint_files = plugin.state_dict_type == "SHARDED_STATE_DICT"  # type: ignore[misc]
+        self.writes_own_checkpoint_files = plugin.state_dict_name == "SHARDED_STATE_DICT"  # type: ignore[misc]
         self._mesh: DeviceMesh | None = None
         self._models: list[nn.Module] = []
 
@@ -144,9 +159,14 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
+        if plugin.state_dict_name not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
+            raise ValueError(f"state_dict_type {plugin.state_dict_name} is FSDP1's per-process format, which hasten's "
+                             "FSDP2 does not write; use SHARDED_STATE_DICT (or FULL_STATE_DICT).")
         for message in plugin.notices:
             notice_once(message)
         precision = make_precision_policy(mixed_precision, device, scaler_kwargs, scaler_class=ShardedGradScaler)
+        if precision.dtype is not None:  # as Accelerate's state: a policy left None follows the Accelerator's precision
+            plugin.set_mixed_precision(precision.dtype)
         strategy = cls(device, precision, plugin, world_size, parallelism_config)
         strategy.sync_each_batch = sync_each_batch
         return strategy
@@ -222,10 +242,8 @@ class FSDPStrategy(Strategy):
     def _mixed_precision_policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        if self.plugin.mixed_precision_policy is not None:
-            return self.plugin.mixed_precision_policy
-        # Compute in the low precision, reduce gradients in fp32 (sums of many bf16 values lose bits).
-        return MixedPrecisionPolicy(param_dtype=self.precision.dtype, reduce_dtype=torch.float32 if self.precision.dtype else None)
+        policy = self.plugin.fsdp2_precision()  # the Accelerator's precision, set in `create` as Accelerate sets it
+        return policy if policy is not None else MixedPrecisionPolicy()
 
     # -- set-up -------------------------------------------------------------------------------------
     def setup_module(self, model: nn.Module) -> nn.Module:
@@ -277,7 +295,10 @@ class FSDPStrategy(Strategy):
         """One `fully_shard` per wrap unit (innermost first), then the root, on the data-parallel mesh."""
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
+        from .helpers import get_parameters_from_modules
+
         is_unit = wrap_unit_filter(self.plugin, model)
+        self.plugin.set_auto_wrap_policy(model)  # what Accelerate's prepare leaves in the plugin (a bound partial)
         # Containers without a forward (ModuleList, ModuleDict) cannot be units; their children can.
         units = [m for m in model.modules() if m is not model and is_unit(m) and type(m).forward is not nn.Module.forward]
         if self.plugin.activation_checkpointing:
@@ -292,14 +313,12 @@ class FSDPStrategy(Strategy):
                 else:
                     for unit in units or [model]:
                         offload_saved_inputs(unit)
-        offload = OffloadPolicy()
-        if self.plugin.cpu_offload:
-            if self.device.type == "cpu":
-                notice_once("fsdp cpu_offload: the parameters already live in CPU memory on a CPU run; nothing to offload.")
-            else:
-                offload = CPUOffloadPolicy()
-        ignored = {p for m in (self.plugin.ignored_modules or []) for p in m.parameters()} or None
-        options = dict(mesh=self._data_parallel_mesh(), reshard_after_forward=self.plugin.reshard_after_forward,
+        offload = self.plugin.offload_policy
+        if isinstance(offload, CPUOffloadPolicy) and self.device.type == "cpu":
+            notice_once("fsdp cpu_offload: the parameters already live in CPU memory on a CPU run; nothing to offload.")
+            offload = OffloadPolicy()
+        ignored = get_parameters_from_modules(self.plugin.ignored_modules, model, self.device) or None
+        options = dict(mesh=self._data_parallel_mesh(), reshard_after_forward=self.plugin.reshards,
                        mp_policy=self._mixed_precision_policy(), offload_policy=offload, ignored_params=ignored)
         for unit in reversed(units):  # innermost first, so each unit owns only its own parameters
             fully_shard(unit, **options)
