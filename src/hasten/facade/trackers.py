@@ -30,6 +30,7 @@ class TrackerPart:
         self.trackers: list[GeneralTracker] = []
         self.log_with: list[str | GeneralTracker] = []
         self._pending_records: list[tuple[dict[str, Any], int]] = []  # hasten's own records, until trackers start
+        self._finished_trackers: list[GeneralTracker] = []  # end_training finishes each once
         if log_with is not None:  # the tracking package is imported only by runs that track (import cost is a feature)
             from ..tracking import resolve_log_with
 
@@ -107,6 +108,9 @@ class TrackerPart:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def _finish_trackers(self) -> None:
-        trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
-            tracker.finish()
+        # The list stays, as in Accelerate (scripts read `accelerator.trackers[0].live` after end_training);
+        # a second end_training does not finish a tracker twice.
+        for tracker in self.trackers:
+            if not any(tracker is done for done in self._finished_trackers):
+                self._finished_trackers.append(tracker)
+                tracker.finish()

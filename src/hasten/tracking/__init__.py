@@ -15,13 +15,17 @@ import inspect
 import warnings
 from typing import Any
 
+from .aim import AimTracker
 from .base import GeneralTracker, LoggerType, is_installed, on_main_process
+from .clearml import ClearMLTracker
+from .comet import CometMLTracker
 from .csv import CSVTracker
+from .dvclive import DVCLiveTracker
 from .jsonl import JSONLinesTracker
 from .mlflow import MLflowTracker
+from .swanlab import SwanLabTracker
 from .tensorboard import TensorBoardTracker
-from .unintegrated import (AimTracker, ClearMLTracker, CometMLTracker, DVCLiveTracker, SwanLabTracker, TrackioTracker,
-                           UnintegratedTracker, refusal)
+from .trackio import TrackioTracker
 from .wandb import WandBTracker
 
 __all__ = ["LoggerType", "GeneralTracker", "on_main_process", "JSONLinesTracker", "CSVTracker", "TensorBoardTracker",
@@ -37,9 +41,13 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
 }
 
 # The built-in trackers that need a package: name -> the modules that provide it, any one will do.
-_PACKAGES: dict[str, tuple[str, ...]] = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",),
-                                         "mlflow": ("mlflow",)}
-_BUILT_IN = ("jsonl", "csv", "tensorboard", "wandb", "mlflow")  # what "all" may pick, in this order
+_PACKAGES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",), "aim": ("aim",),
+    "comet_ml": ("comet_ml",), "clearml": ("clearml",), "dvclive": ("dvclive",), "swanlab": ("swanlab",),
+    "trackio": ("trackio",)}
+# What "all" may pick, in this order: hasten's file trackers, then Accelerate's in its own order.
+_BUILT_IN = ("jsonl", "csv", "tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab",
+             "trackio")
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
@@ -126,8 +134,6 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[str | Gener
         if cls is None:
             raise ValueError(f"log_with got an unknown tracker {item!r}; use one of {sorted(LOGGER_TYPE_TO_CLASS)}, "
                              "'all', a name given to register_tracker_class, or a GeneralTracker instance.")
-        if issubclass(cls, UnintegratedTracker):  # one of Accelerate's trackers hasten does not integrate
-            raise refusal(name, cls.package)
         if not _installed(name):
             module = _PACKAGES[name][0]
             raise ImportError(f"log_with={name!r} needs the {module} package, which is not installed: "

@@ -5,11 +5,12 @@ from __future__ import annotations
 import enum
 import functools
 import importlib.util
+import inspect
 from typing import Any, Callable
 
 from ..options import EnumWithContains
 
-__all__ = ["LoggerType", "GeneralTracker", "on_main_process", "missing_package_error"]
+__all__ = ["LoggerType", "GeneralTracker", "on_main_process", "missing_package_error", "as_number", "update_config"]
 
 
 class LoggerType(str, enum.Enum, metaclass=EnumWithContains):
@@ -33,7 +34,6 @@ class LoggerType(str, enum.Enum, metaclass=EnumWithContains):
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"
     MLFLOW = "mlflow"
-    # names of the peer's other integrations: accepted, then refused with one sentence when used
     AIM = "aim"
     COMETML = "comet_ml"
     CLEARML = "clearml"
@@ -141,3 +141,40 @@ def missing_package_error(tracker: str, package: str, extra: str = "") -> Import
 
 def is_installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def as_number(value: Any) -> Any:
+    """A one-element tensor or NumPy scalar as the Python number it holds; anything else unchanged.
+
+    Example:
+        >>> import torch
+        >>> as_number(torch.tensor([0.5])), as_number("text")
+        (0.5, 'text')
+    """
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "numel", lambda: 1)() == 1:
+        return value.item()
+    return value
+
+
+def update_config(config: Any, values: dict[str, Any]) -> None:
+    """Merge `values` into a backend's run config, letting them replace earlier values where the backend asks for that.
+
+    Accelerate passes ``allow_val_change=True`` to every backend's ``update``;
+    SwanLab 0.10's config and Trackio's (a plain dict) have no such parameter
+    and would store it as one more config entry, so it is passed only where
+    ``update`` names it.
+
+    Example:
+        >>> config = {"lr": 0.1}
+        >>> update_config(config, {"lr": 0.2, "layers": 3})
+        >>> config
+        {'lr': 0.2, 'layers': 3}
+    """
+    try:
+        named = "allow_val_change" in inspect.signature(config.update).parameters
+    except (TypeError, ValueError):  # a builtin such as dict.update: no signature, no such parameter
+        named = False
+    if named:
+        config.update(values, allow_val_change=True)
+    else:
+        config.update(values)

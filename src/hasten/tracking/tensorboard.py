@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from .base import GeneralTracker, is_installed, missing_package_error, on_main_process
+from .base import GeneralTracker, as_number, is_installed, missing_package_error, on_main_process
 
 __all__ = ["TensorBoardTracker"]
 
@@ -23,13 +23,6 @@ def _summary_writer() -> Any:
 
         return WriterX
     raise missing_package_error("tensorboard", "tensorboard")
-
-
-def _number(value: Any) -> Any:
-    """A one-element tensor or NumPy scalar as the Python number it holds; anything else unchanged."""
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "numel", lambda: 1)() == 1:
-        return value.item()
-    return value
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -75,13 +68,13 @@ class TensorBoardTracker(GeneralTracker):
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Numbers become scalars, strings text, dicts of numbers grouped scalars; other values are skipped."""
         for name, value in values.items():
-            value = _number(value)
+            value = as_number(value)
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(name, value, global_step=step, **kwargs)
             elif isinstance(value, str):
                 self.writer.add_text(name, value, global_step=step, **kwargs)
             elif isinstance(value, dict):
-                self.writer.add_scalars(name, {k: _number(v) for k, v in value.items()}, global_step=step, **kwargs)
+                self.writer.add_scalars(name, {k: as_number(v) for k, v in value.items()}, global_step=step, **kwargs)
             elif name not in self._skipped:  # as Accelerate: skipped, the other values still go in
                 self._skipped.add(name)
                 _log.warning("TensorBoard skips %s: a %s is not a number, a string or a dict of numbers.",
