@@ -108,6 +108,12 @@ def run_file(rootdir: Path, relpath: str, lib: str, timeout: float = FILE_TIMEOU
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1", "PEER_LIB": lib, "REAL_TEST_UTILS": accelerate_wheel_dir(),
            "PEER_SUITE_RECORD": str(record),
+           # A ClearML task parses every Python file of the git repository holding the code that called
+           # Task.init under `python -m pytest` (the library's tracking module), and diffs it: where Python lives
+           # in a git checkout (pyenv), or the library is this checkout (editable), that takes minutes per task.
+           # Git is told not to look above the interpreter's folder, nor into this checkout.
+           "GIT_CEILING_DIRECTORIES": os.pathsep.join([str(Path(sys.base_prefix).parent), str(ROOT)]),
+           "CLEARML_CONFIG_FILE": str(PLUGIN_DIR / "clearml.conf"),  # why: in that file
            "PYTHONPATH": os.pathsep.join(p for p in [str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")] if p)}
     for name in ("HASTEN_CPU_FP16", "HASTEN_AS_ACCELERATE"):  # the project's own test settings are not the suite's
         env.pop(name, None)
