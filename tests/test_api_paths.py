@@ -76,14 +76,14 @@ def test_tpu_install_refuses_and_bitsandbytes_quantization_takes_accelerates_par
 
 @pytest.mark.parametrize("cls, parameters", [("AimTracker", ["run_name", "logging_dir"]),
                                              ("DVCLiveTracker", ["run_name", "live"]),
-                                             ("TrackioTracker", ["run_name"])])
-def test_unintegrated_trackers_take_accelerates_arguments_and_refuse(cls, parameters):
+                                             ("TrackioTracker", ["run_name"]), ("CometMLTracker", ["run_name"]),
+                                             ("ClearMLTracker", ["run_name"]), ("SwanLabTracker", ["run_name"])])
+def test_more_trackers_take_accelerates_arguments(cls, parameters):
     import hasten.tracking
 
+    # what each does: tests/test_trackers_more.py
     tracker = getattr(hasten.tracking, cls)
     assert [p for p in _parameters(tracker) if p != "kwargs"] == parameters
-    with pytest.raises(NotImplementedError, match="does not integrate"):
-        tracker(run_name="run")
 
 
 # -- constants: Accelerate's values ------------------------------------------------------------------------------------
