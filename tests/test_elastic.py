@@ -117,6 +117,26 @@ def wait_for(condition, timeout: float, what: str, machines: list[Machine]) -> f
     pytest.fail(f"{what} did not happen within {timeout:.0f} s\n{logs}")
 
 
+@contextlib.contextmanager
+def two_machines(name: str, engine: str, out: Path, *extra: str, main_ip: str = "127.0.0.1",
+                 prefixes: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()), steps: int = 6):
+    """Machines 0 and 1 of one elastic run, started (0 first: it hosts the store, the machine that must not be
+    lost) and trained together for `steps` steps; every process of both is killed when the block ends."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = rendezvous_port()
+    machines = [Machine(machine_command(rank, main_ip, port, out, engine, *extra, prefix=prefixes[rank]),
+                        f"{name}-{rank}-{port}", out / f"machine{rank}.log") for rank in (0, 1)]
+    try:
+        machines[0].start()
+        time.sleep(1.0)
+        machines[1].start()
+        wait_for(lambda: len(steps_at(out, 2)) >= 2 * steps, 240, f"{name}: {steps} steps on two machines", machines)
+        yield machines
+    finally:
+        for machine in machines:
+            kill_marked(machine.mark)
+
+
 def steps_at(out: Path, world: int, after: float = 0.0) -> list[dict]:
     return [r for r in records(out) if r["world"] == world and r["time"] > after]
 
@@ -134,16 +154,8 @@ class Scenario:
 def returns_mid_reformation_then_lost_again(out: Path) -> Scenario:
     """DDP: machine 1 is killed, started again while machine 0 is still re-forming the group, killed again once the
     group has two machines again; the run finishes on machine 0 alone."""
-    out.mkdir(parents=True)
-    port = rendezvous_port()
-    machines = [Machine(machine_command(rank, "127.0.0.1", port, out, "ddp"), f"twice-{rank}-{port}",
-                        out / f"machine{rank}.log") for rank in (0, 1)]
     scenario = Scenario(out)
-    try:
-        machines[0].start()
-        time.sleep(1.0)
-        machines[1].start()
-        wait_for(lambda: len(steps_at(out, 2)) >= 2 * 6, 240, "twice: six steps on two machines", machines)
+    with two_machines("twice", "ddp", out) as machines:
         (out / "pace").write_text("0.6")
         killed = time.time()
         machines[1].kill()
@@ -157,28 +169,17 @@ def returns_mid_reformation_then_lost_again(out: Path) -> Scenario:
         (out / "pace").write_text("0.05")
         code = machines[0].wait(240)
         assert code == 0, f"twice: machine 0 exited {code}:\n{machines[0].log.read_text()[-6000:]}"
-    finally:
-        for machine in machines:
-            kill_marked(machine.mark)
-        scenario.logs = {m.log.name: m.log.read_text() for m in machines if m.log.exists()}
+    scenario.logs = {m.log.name: m.log.read_text() for m in machines}
     return scenario
 
 
 def shrink_and_grow(engine: str, out: Path) -> Scenario:
-    out.mkdir(parents=True)
-    port = rendezvous_port()
-    machines = [Machine(machine_command(rank, "127.0.0.1", port, out, engine), f"{engine}-{rank}-{port}",
-                        out / f"machine{rank}.log") for rank in (0, 1)]
     scenario = Scenario(out)
-    try:
-        machines[0].start()
-        time.sleep(1.0)  # machine 0 hosts the store: the machine that must not be lost
-        machines[1].start()
-        wait_for(lambda: len(steps_at(out, 2)) >= 2 * 6, 240, f"{engine}: six steps on two machines", machines)
+    with two_machines(engine, engine, out) as machines:
         (out / "pace").write_text("0.6")  # slower from here on: machine 1's return lands mid-run
         killed = time.time()
         machines[1].kill()
-        first = wait_for(lambda: steps_at(out, 1, killed), 180, f"{engine}: a step on the survivor", machines)
+        wait_for(lambda: steps_at(out, 1, killed), 180, f"{engine}: a step on the survivor", machines)
         scenario.shrink_seconds = min(r["time"] for r in steps_at(out, 1, killed)) - killed
         wait_for(lambda: len(steps_at(out, 1, killed)) >= 2, 60, f"{engine}: two steps alone", machines)
         (out / "pace").write_text("1.5")
@@ -190,11 +191,7 @@ def shrink_and_grow(engine: str, out: Path) -> Scenario:
         for machine in machines:
             code = machine.wait(240)
             assert code == 0, f"{engine}: {machine.log.name} exited {code}:\n{machine.log.read_text()[-6000:]}"
-        del first
-    finally:
-        for machine in machines:
-            kill_marked(machine.mark)
-        scenario.logs = {m.log.name: m.log.read_text() for m in machines if m.log.exists()}
+    scenario.logs = {m.log.name: m.log.read_text() for m in machines}
     return scenario
 
 
@@ -303,18 +300,12 @@ def test_a_machine_that_returns_while_the_group_reforms_and_is_lost_again_leaves
 @pytest.mark.timeout(600)
 def test_a_network_partition_stops_the_side_without_the_store_and_the_other_goes_on(tmp_path):
     liveness = 15.0
+    out = tmp_path / "partition"
     with two_namespaces("10.200.8") as net:
         namespaces, veths, addresses = net["namespaces"], net["veths"], net["addresses"]
-        out, port = tmp_path / "partition", rendezvous_port()
-        out.mkdir()
-        machines = [Machine(machine_command(rank, addresses[0], port, out, "ddp", "--liveness_timeout", str(liveness),
-                                            prefix=("ip", "netns", "exec", namespaces[rank])),
-                            f"cut-{rank}-{port}", out / f"machine{rank}.log") for rank in (0, 1)]
-        try:
-            machines[0].start()
-            time.sleep(1.0)
-            machines[1].start()
-            wait_for(lambda: len(steps_at(out, 2)) >= 2 * 6, 240, "six steps on two machines", machines)
+        prefixes = tuple(("ip", "netns", "exec", ns) for ns in namespaces)
+        with two_machines("cut", "ddp", out, "--liveness_timeout", str(liveness), main_ip=addresses[0],
+                          prefixes=prefixes) as machines:
             (out / "pace").write_text("0.6")
             cut = time.time()
             result = ip("-n", namespaces[1], "link", "set", veths[1], "down")
@@ -333,9 +324,6 @@ def test_a_network_partition_stops_the_side_without_the_store_and_the_other_goes
             (out / "pace").write_text("0.05")
             for machine in machines:
                 assert machine.wait(240) == 0, machine.log.read_text()[-6000:]
-        finally:
-            for machine in machines:
-                kill_marked(machine.mark)
     store_side = machines[0].log.read_text()
     assert "elastic run re-formed: 2 -> 1 processes" in store_side, store_side[-3000:]
     uninterrupted = reference("ddp", tmp_path / "ref")
@@ -346,23 +334,12 @@ def test_a_network_partition_stops_the_side_without_the_store_and_the_other_goes
 @pytest.mark.timeout(300)
 def test_losing_the_machine_that_holds_the_store_ends_the_others_with_one_line(tmp_path):
     """torch's c10d store lives on the main machine: the others cannot re-form without it, and say so."""
-    out, port = tmp_path / "store", rendezvous_port()
-    out.mkdir()
-    liveness = 15.0
-    machines = [Machine(machine_command(rank, "127.0.0.1", port, out, "ddp", "--liveness_timeout", str(liveness)),
-                        f"store-{rank}-{port}", out / f"machine{rank}.log") for rank in (0, 1)]
-    try:
-        machines[0].start()
-        time.sleep(1.0)
-        machines[1].start()
-        wait_for(lambda: len(steps_at(out, 2)) >= 2 * 4, 240, "four steps on two machines", machines)
+    out, liveness = tmp_path / "store", 15.0
+    with two_machines("store", "ddp", out, "--liveness_timeout", str(liveness), steps=4) as machines:
         killed = time.time()
         machines[0].kill()
         code = machines[1].wait(120)
         stopped = time.time() - killed
-    finally:
-        for machine in machines:
-            kill_marked(machine.mark)
     log = machines[1].log.read_text()
     assert code != 0, log[-3000:]
     assert ("could not reach the elastic run's rendezvous store" in log

@@ -52,10 +52,7 @@ def parse_route_interface(ip_route_output: str) -> str | None:
         >>> parse_route_interface("10.9.0.2 dev veth1 src 10.9.0.1 uid 0")
         'veth1'
     """
-    parts = ip_route_output.split()
-    if "dev" in parts and parts.index("dev") + 1 < len(parts):
-        return parts[parts.index("dev") + 1]
-    return None
+    return _route_field(ip_route_output, "dev")
 
 
 def parse_route_source(ip_route_output: str) -> str | None:
@@ -65,9 +62,14 @@ def parse_route_source(ip_route_output: str) -> str | None:
         >>> parse_route_source("10.9.0.2 dev veth1 src 10.9.0.1 uid 0")
         '10.9.0.1'
     """
+    return _route_field(ip_route_output, "src")
+
+
+def _route_field(ip_route_output: str, key: str) -> str | None:
+    """The word after `key` in `ip route get` output (None when it is not there)."""
     parts = ip_route_output.split()
-    if "src" in parts and parts.index("src") + 1 < len(parts):
-        return parts[parts.index("src") + 1]
+    if key in parts and parts.index(key) + 1 < len(parts):
+        return parts[parts.index(key) + 1]
     return None
 
 
