@@ -16,7 +16,7 @@ from typing import Any
 
 from ...core.errors import DeepSpeedConfigError
 
-__all__ = ["HfDeepSpeedConfig", "require_deepspeed", "INSTALL_HINT", "contains_auto", "auto_keys"]
+__all__ = ["HfDeepSpeedConfig", "require_deepspeed", "INSTALL_HINT", "contains_auto", "auto_keys", "tell_transformers"]
 
 INSTALL_HINT = "pip install 'hasten[deepspeed]'"
 
@@ -98,16 +98,34 @@ class HfDeepSpeedConfig:
         return self.get_value(ds_key_long) == "auto"
 
     def is_true(self, ds_key_long: str) -> bool:
-        """True only when the key is set to a true value (a missing key is neither true nor false)."""
+        """True when the key is set to a truthy value, as Accelerate's: ``"auto"`` counts (a missing key does not).
+
+        Example:
+            >>> config = HfDeepSpeedConfig({"bf16": {"enabled": "auto"}, "fp16": {"enabled": False}})
+            >>> config.is_true("bf16.enabled"), config.is_true("fp16.enabled"), config.is_true("missing")
+            (True, False, False)
+        """
         value = self.get_value(ds_key_long)
-        return str(value).lower() == "true" if isinstance(value, str) else bool(value)
+        return False if value is None else bool(value)
 
     def is_false(self, ds_key_long: str) -> bool:
-        """True only when the key is set to a false value (a missing key is neither true nor false)."""
+        """True when the key is set to a falsy value, as Accelerate's (a missing key is neither true nor false).
+
+        Example:
+            >>> HfDeepSpeedConfig({"fp16": {"enabled": False}}).is_false("fp16.enabled")
+            True
+        """
         value = self.get_value(ds_key_long)
-        if value is None:
-            return False
-        return str(value).lower() == "false" if isinstance(value, str) else not bool(value)
+        return False if value is None else not bool(value)
+
+    def set_stage_and_offload(self) -> None:
+        """Accelerate's refresh of the cached stage and offload; hasten reads both from the config on each call.
+
+        Example:
+            >>> config = HfDeepSpeedConfig({"zero_optimization": {"stage": 2}})
+            >>> config.config["zero_optimization"]["stage"] = 3; config.set_stage_and_offload(); config.is_zero3()
+            True
+        """
 
     def zero_stage(self) -> int:
         stage = self.get_value("zero_optimization.stage", 0)
@@ -120,8 +138,14 @@ class HfDeepSpeedConfig:
         return self.zero_stage() == 3
 
     def is_offload(self) -> bool:
-        return any(self.get_value(f"zero_optimization.{part}.device", "none") not in ("none", None)
-                   for part in ("offload_optimizer", "offload_param"))
+        """True when ZeRO-2 or -3 offloads the optimizer or the parameters to the CPU or NVMe.
+
+        Example:
+            >>> HfDeepSpeedConfig({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}).is_offload()
+            True
+        """
+        return (self.is_zero2() or self.is_zero3()) and any(
+            self.get_value(f"zero_optimization.{part}.device") in ("cpu", "nvme") for part in ("offload_optimizer", "offload_param"))
 
 
 def _read_config(source: str | Path) -> Any:
@@ -170,3 +194,32 @@ def auto_keys(config: dict[str, Any], prefix: str = "") -> list[str]:
         elif value == "auto":
             keys.append(prefix + key)
     return keys
+
+
+def tell_transformers(config: dict[str, Any]) -> Any:
+    """Point transformers' DeepSpeed weak reference at `config`; returns the object to keep alive (None: no transformers).
+
+    transformers answers `is_deepspeed_zero3_enabled()` and `deepspeed_config()`
+    from that reference (`from_pretrained` then builds models partitioned under
+    ZeRO-3). It is handed an `HfDeepSpeedConfig` of hasten's, which has what it
+    reads (`is_zero3()`, `config`). Importing transformers' DeepSpeed module
+    imports Accelerate's `utils.deepspeed` when both are installed: under the
+    accelerate switch that is hasten's; without it transformers imports
+    Accelerate itself, as it would for its own `Trainer`.
+
+    Example:
+        >>> holder = tell_transformers({"zero_optimization": {"stage": 3}})
+        >>> from transformers.integrations.deepspeed import deepspeed_config, is_deepspeed_zero3_enabled
+        >>> is_deepspeed_zero3_enabled(), deepspeed_config() is holder.config
+        (True, True)
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    hf_deepspeed.unset_hf_deepspeed_config()
+    holder = HfDeepSpeedConfig(config)
+    hf_deepspeed.set_hf_deepspeed_config(holder)
+    return holder

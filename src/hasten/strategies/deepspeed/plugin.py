@@ -1,26 +1,39 @@
 """`DeepSpeedPlugin`: DeepSpeed ZeRO settings with the peer's field names, and the JSON config they become.
 
-The same settings come from three places, decoded here once: the plugin a
-script passes to `Accelerator(deepspeed_plugin=...)`, the `deepspeed_config`
-section of a launch config file and the `--zero_stage`/... launch flags (both
-reach each process in the launch spec; see `hasten.launch.config.DeepSpeedConfig`).
+The same settings come from four places, decoded here once: the plugin a
+script passes to `Accelerator(deepspeed_plugin=...)`, whose fields left as
+None are read from the ``ACCELERATE_DEEPSPEED_*`` / ``ACCELERATE_GRADIENT_*``
+variables as Accelerate's are (what `hasten launch --use_deepspeed` and
+`accelerate launch` export), the `deepspeed_config` section of a launch
+config file and the `--zero_stage`/... launch flags (both reach each
+process in the launch spec; see `hasten.launch.config.DeepSpeedConfig`).
 
-A DeepSpeed JSON config may leave values as ``"auto"``; they are filled when
-the model is prepared, from the Accelerator (accumulation steps, mixed
-precision, number of processes) and the prepared objects (batch size,
-`DummyOptim`/`DummyScheduler` hyperparameters). A value the file sets that
-disagrees with the Accelerator is an error that names both, never a silent
-override. DeepSpeed itself is imported only when a run uses it.
+A DeepSpeed JSON config may leave values as ``"auto"``. The Accelerator
+fills the fp16/bf16 sections when it is created (`set_mixed_precision`, as
+Accelerate's does, so libraries read them before `prepare`); the rest is
+filled for each engine at `prepare` (`engine_config.py`), from the
+Accelerator (accumulation steps, number of processes) and the prepared
+objects (batch size, `DummyOptim`/`DummyScheduler` hyperparameters). A value
+given to the plugin that disagrees with the file is an error that names
+both, never a silent override. Selecting a plugin tells transformers about
+its config (`set_deepspeed_weakref`). DeepSpeed itself is imported only
+when a run uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Mapping
 
+from ...core.environment import str_to_bool
 from ...core.errors import DeepSpeedConfigError
-from .config import HfDeepSpeedConfig, auto_keys, contains_auto, require_deepspeed
+from .config import HfDeepSpeedConfig, require_deepspeed, tell_transformers
+from .engine_config import conflict, engine_config, engine_dtype
+from .environment import check_launcher_fields, read_environment
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -36,31 +49,24 @@ _PLUGIN_TO_CONFIG = {
     "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
     "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 }
-
-
-def _engine_dtype(mixed_precision: str) -> str:
-    """The DeepSpeed config's 16-bit section a precision turns on: fp8 trains on a bf16 engine (as in Accelerate),
-    its fp8 matrix products being torchao's `Float8Linear` (or Transformer Engine's layers)."""
-    return "bf16" if mixed_precision == "fp8" else mixed_precision
-
-
-def _conflict(what: str, file_value: Any, ours: str, our_value: Any, fix: str) -> DeepSpeedConfigError:
-    return DeepSpeedConfigError(f"the DeepSpeed config sets {what}={file_value!r} but {ours} is {our_value!r}; {fix}.")
-
-
 @dataclass
 class DeepSpeedPlugin:
     """How DeepSpeed ZeRO runs: a JSON config (`hf_ds_config`) or the fields below, never a conflicting mix.
 
-    With `hf_ds_config` (a path or a dict) the file decides and a field given
-    here only fills the file's ``"auto"`` values; a field that contradicts the
-    file is an error. Without it, the fields build the config (ZeRO stage 2 by
-    default). `deepspeed_config` is the resulting dict.
+    Fields left as None are read from the launcher's variables
+    (``ACCELERATE_DEEPSPEED_ZERO_STAGE``, ``ACCELERATE_GRADIENT_CLIPPING``, ...,
+    ``ACCELERATE_DEEPSPEED_CONFIG_FILE``), else take Accelerate's defaults
+    (ZeRO stage 2, no offload, "auto" accumulation and clipping). With
+    `hf_ds_config` (a path or a dict) the file decides: a field given here
+    only fills the file's ``"auto"`` values, and one that contradicts the
+    file is an error. `deepspeed_config` is the resulting dict.
+    `zero3_init_flag` defaults to whether the config is ZeRO-3 (and is
+    turned off, with a warning, for another stage).
 
     Example:
         >>> plugin = DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0)
-        >>> plugin.deepspeed_config["zero_optimization"]["stage"], plugin.get_value("gradient_clipping")
-        (3, 1.0)
+        >>> plugin.deepspeed_config["zero_optimization"]["stage"], plugin.get_value("gradient_clipping"), plugin.zero3_init_flag
+        (3, 1.0, True)
         >>> DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 1}}).zero_stage
         1
     """
@@ -81,8 +87,12 @@ class DeepSpeedPlugin:
     msamp_opt_level: str | None = None
 
     def __post_init__(self) -> None:
+        given = {name for name in _PLUGIN_TO_CONFIG if getattr(self, name) is not None}
+        self._accumulation_implied = False  # the file gave no gradient_accumulation_steps (1 written for it)
+        read_environment(self, os.environ)
         if self.enable_msamp:
-            raise NotImplementedError("enable_msamp needs NVIDIA MS-AMP and GPUs, which hasten does not support; remove it.")
+            raise NotImplementedError("enable_msamp (or ACCELERATE_FP8_BACKEND=MSAMP) needs NVIDIA MS-AMP and GPUs, "
+                                      "which hasten does not support; use another fp8 backend or remove it.")
         if isinstance(self.hf_ds_config, HfDeepSpeedConfig):
             pass
         elif self.hf_ds_config is not None and self.hf_ds_config != "none":
@@ -90,53 +100,51 @@ class DeepSpeedPlugin:
         else:
             self.hf_ds_config = None
         if self.hf_ds_config is not None:
-            self._merge_into_file()
+            check_launcher_fields(os.environ)
+            self._merge_into_file(given)
         else:
             self._build_config()
         self.deepspeed_config: dict[str, Any] = self.hf_ds_config.config
         self.deepspeed_config.setdefault("steps_per_print", 2**62)  # keeps DeepSpeed quiet on stdout
         if self.zero3_init_flag is None:
-            self.zero3_init_flag = False
+            flag = os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT", str(self.hf_ds_config.is_zero3()))
+            self.zero3_init_flag = bool(str_to_bool(flag, to_bool=True))
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
-            raise DeepSpeedConfigError(f"zero3_init_flag=True needs ZeRO stage 3 but the config has stage {self.zero_stage}; "
-                                       "set zero_stage=3 or drop zero3_init_flag.")
+            warnings.warn(f"zero3_init_flag only applies to ZeRO stage 3 and this config has stage {self.zero_stage}; "
+                          "it is set to False.", stacklevel=3)
+            self.zero3_init_flag = False
         # Whether this plugin is the one models are prepared under now: the Accelerator selects its (first) plugin,
         # `AcceleratorState.select_deepspeed_plugin(name)` another of its named ones.
         self._selected = False
+        self.dschf: Any = None  # what transformers' weak reference points at (`set_deepspeed_weakref`)
 
     def _build_config(self) -> None:
-        stage = 2 if self.zero_stage is None else int(self.zero_stage)
-        if stage not in (0, 1, 2, 3):
+        stage = self.zero_stage
+        if str(stage) not in ("0", "1", "2", "3"):
             raise DeepSpeedConfigError(f"zero_stage={stage!r} is not one of 0, 1, 2, 3; pick one of those.")
+        stage = int(stage)  # type: ignore[arg-type]
         self.zero_stage = stage
-        self.offload_optimizer_device = self.offload_optimizer_device or "none"
-        self.offload_param_device = self.offload_param_device or "none"
-        if self.gradient_accumulation_steps is None:
-            self.gradient_accumulation_steps = "auto"
-        if self.zero3_save_16bit_model is None:
-            self.zero3_save_16bit_model = False
-        zero: dict[str, Any] = {
-            "stage": stage,
-            "offload_optimizer": {"device": self.offload_optimizer_device},
-            "offload_param": {"device": self.offload_param_device},
-            "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model,
-        }
-        if self.offload_optimizer_device == "nvme":
-            zero["offload_optimizer"]["nvme_path"] = self.offload_optimizer_nvme_path
-        if self.offload_param_device == "nvme":
-            zero["offload_param"]["nvme_path"] = self.offload_param_nvme_path
+
+        def offload(device: str | None, path: str | None) -> dict[str, Any]:
+            return {"device": device, "nvme_path": path if device == "nvme" else None}
+
         config: dict[str, Any] = {
             "train_batch_size": "auto",
             "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "zero_optimization": zero,
+            "zero_optimization": {
+                "stage": stage,
+                "offload_optimizer": offload(self.offload_optimizer_device, self.offload_optimizer_nvme_path),
+                "offload_param": offload(self.offload_param_device, self.offload_param_nvme_path),
+                "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model,
+            },
         }
-        if self.gradient_clipping not in (None, "auto"):
-            config["gradient_clipping"] = float(self.gradient_clipping)
+        if self.gradient_clipping:  # "auto" too: filled at prepare (1.0, as Accelerate fills it)
+            config["gradient_clipping"] = self.gradient_clipping
         self.hf_ds_config = HfDeepSpeedConfig(config)
 
-    def _merge_into_file(self) -> None:
-        """Fields given here fill the file's "auto" values; one that contradicts the file is an error."""
+    def _merge_into_file(self, given: set[str]) -> None:
+        """Fields fill the file's "auto" values; one given here that contradicts the file is an error."""
         config = self.hf_ds_config
         if "zero_optimization" not in config.config:
             raise DeepSpeedConfigError("the DeepSpeed config has no zero_optimization section; add one, "
@@ -146,69 +154,203 @@ class DeepSpeedPlugin:
             if ours is None or ours == "auto":
                 continue
             theirs = config.get_value(key)
-            if theirs is None or theirs == "auto":
+            if name not in given:  # a launcher variable or Accelerate's default: it fills "auto" only, as there
+                if theirs == "auto":
+                    config.set_value(key, ours)
+            elif theirs is None or theirs == "auto":
                 config.set_value(key, ours)
             elif theirs != ours and not (isinstance(theirs, (int, float)) and float(theirs) == float(ours)):
-                raise _conflict(key, theirs, f"DeepSpeedPlugin({name}=...)", ours,
-                                f"remove {name} from the plugin or change the file so they agree")
-        if config.get_value("gradient_accumulation_steps") is None:
-            config.set_value("gradient_accumulation_steps", "auto")
+                raise conflict(key, theirs, f"DeepSpeedPlugin({name}=...)", ours,
+                               f"remove {name} from the plugin or change the file so they agree")
+        if config.get_value("gradient_accumulation_steps") is None:  # Accelerate's 1; an Accelerator's own number
+            config.set_value("gradient_accumulation_steps", 1)       # still wins over it (`resolve_accumulation`)
+            self._accumulation_implied = True
         for name, key in _PLUGIN_TO_CONFIG.items():  # the plugin's fields report what the file says
             value = config.get_value(key)
             if value is not None and value != "auto":
                 setattr(self, name, value)
-        if self.zero_stage is None:
+        if config.get_value("zero_optimization.stage") is None:  # DeepSpeed's default then, not the field's
             self.zero_stage = config.zero_stage()
 
     # -- the peer's accessors -------------------------------------------------------------
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """A value of the config by dotted key, e.g. ``plugin.get_value("zero_optimization.stage")``."""
+        """A value of the config by dotted key.
+
+        Example:
+            >>> DeepSpeedPlugin(zero_stage=1).get_value("zero_optimization.stage")
+            1
+        """
         return self.hf_ds_config.get_value(ds_key_long, default)
 
     def is_auto(self, ds_key_long: str) -> bool:
+        """True when the config sets `ds_key_long` to "auto".
+
+        Example:
+            >>> DeepSpeedPlugin().is_auto("train_micro_batch_size_per_gpu")
+            True
+        """
         return self.hf_ds_config.is_auto(ds_key_long)
 
     def fill_match(self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: Any) -> None:
-        """Fill `ds_key_long` from `kwargs` when it is "auto"; with `must_match`, record a disagreeing value."""
-        value = self.get_value(ds_key_long)
-        if ds_key_long not in kwargs:
+        """Fill `ds_key_long` from `kwargs` when the config has "auto" there (an "auto" that `kwargs` lacks is an
+        error); with `must_match`, append to `mismatches` a set value that disagrees with `kwargs`.
+
+        Example:
+            >>> plugin = DeepSpeedPlugin()
+            >>> plugin.fill_match("train_micro_batch_size_per_gpu", train_micro_batch_size_per_gpu=4)
+            >>> plugin.get_value("train_micro_batch_size_per_gpu")
+            4
+        """
+        mismatches = [] if mismatches is None else mismatches
+        node, key = self.hf_ds_config.find_config_node(ds_key_long)
+        if node is None:
             return
-        wanted = kwargs[ds_key_long]
-        if value is None or value == "auto":
-            self.hf_ds_config.set_value(ds_key_long, wanted)
-        elif must_match and value != wanted and mismatches is not None:
-            mismatches.append(f"- ds {ds_key_long}={value} vs hasten {wanted}")
+        if node.get(key) == "auto":
+            if ds_key_long not in kwargs:
+                raise ValueError(f"`{ds_key_long}` not found in kwargs: the DeepSpeed config leaves it \"auto\"; set it "
+                                 "in the config file or pass it in kwargs.")
+            node[key] = kwargs[ds_key_long]
+            return
+        if must_match and node.get(key) is not None and ds_key_long in kwargs and node[key] != kwargs[ds_key_long]:
+            mismatches.append(f"- ds {ds_key_long}={node[key]} vs arg {ds_key_long}={kwargs[ds_key_long]}")
 
     def deepspeed_config_process(self, prefix: str = "", mismatches: list[str] | None = None, config: Any = None,
                                  must_match: bool = True, **kwargs: Any) -> None:
-        """Fill every "auto" value named in `kwargs` (dotted keys); raise once listing the mismatches."""
-        own = mismatches is None
-        mismatches = [] if own else mismatches
-        for key in kwargs:
-            self.fill_match(key, mismatches, must_match=must_match, **kwargs)
-        if own and mismatches:
-            raise DeepSpeedConfigError("the DeepSpeed config disagrees with the Accelerator: " + "; ".join(mismatches)
-                                       + "; make them agree or set the values to 'auto'.")
+        """Fill every "auto" value of the config from `kwargs` (dotted keys); raise once listing the mismatches.
+
+        Example:
+            >>> plugin = DeepSpeedPlugin(gradient_accumulation_steps=1, gradient_clipping=1.0)
+            >>> plugin.deepspeed_config_process(train_batch_size=8, train_micro_batch_size_per_gpu=8, gradient_clipping=1.0)
+            >>> plugin.get_value("train_batch_size")
+            8
+        """
+        mismatches = [] if mismatches is None else mismatches
+        for key, value in (self.deepspeed_config if config is None else config).items():
+            if isinstance(value, dict):
+                self.deepspeed_config_process(prefix=f"{prefix}{key}.", mismatches=mismatches, config=value,
+                                              must_match=must_match, **kwargs)
+            else:
+                self.fill_match(prefix + key, mismatches, must_match=must_match, **kwargs)
+        if mismatches and prefix == "":
+            raise ValueError("the DeepSpeed config disagrees with the values given: " + "; ".join(m.lstrip("- ") for m in mismatches)
+                             + "; make them agree, or set these config values to 'auto'.")
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Fill the config's fp16/bf16 sections for `mixed_precision`, as Accelerate's Accelerator does when created.
+
+        "fp16" adds ``{"enabled": True, "auto_cast": True}`` and "bf16"/"fp8"
+        ``{"enabled": True}`` where the config has no section; the other
+        section gets ``{"enabled": False}``; "auto" values are filled. A config
+        that enables the other 16-bit type is refused.
+
+        Example:
+            >>> plugin = DeepSpeedPlugin()
+            >>> plugin.set_mixed_precision("bf16"); plugin.deepspeed_config["bf16"], plugin.deepspeed_config["fp16"]
+            ({'enabled': True}, {'enabled': False})
+        """
+        config = self.deepspeed_config
+        if mixed_precision == "fp16" and "fp16" not in config:
+            config["fp16"] = {"enabled": True, "auto_cast": True}
+        elif mixed_precision in ("bf16", "fp8") and "bf16" not in config:
+            config["bf16"] = {"enabled": True}
+        if mixed_precision != "no":
+            other = "bf16" if mixed_precision == "fp16" else "fp16"
+            if str(config.get(other, {}).get("enabled", "False")).lower() == "true":
+                raise ValueError(f"mixed_precision={mixed_precision!r} cannot run with a DeepSpeed config that enables "
+                                 f"{other}; pass mixed_precision='{other}' or disable {other} in the config.")
+        for dtype in ("fp16", "bf16"):
+            config.setdefault(dtype, {"enabled": False})
+        wanted: dict[str, Any] = {"fp16.enabled": mixed_precision == "fp16",
+                                  "bf16.enabled": engine_dtype(mixed_precision) == "bf16"}
+        self.fill_match("fp16.enabled", must_match=False, **wanted)
+        self.fill_match("bf16.enabled", must_match=False, **wanted)
+        if self._selected:  # transformers was told about the config before its precision was known
+            self.set_deepspeed_weakref()
+
+    def set_deepspeed_weakref(self) -> None:
+        """Tell transformers about this config (its `HfDeepSpeedConfig` weak reference), as Accelerate does.
+
+        Afterwards transformers' `is_deepspeed_zero3_enabled()` is true under
+        ZeRO-3 (so `from_pretrained` builds models partitioned) and
+        `deepspeed_config()` returns this config, with "auto" accumulation and
+        micro batch read as 1. Without transformers installed there is no one
+        to tell. The object is kept alive in `dschf`.
+
+        Example:
+            >>> plugin = DeepSpeedPlugin(zero_stage=3)
+            >>> plugin.set_deepspeed_weakref()
+            >>> from transformers.integrations import is_deepspeed_zero3_enabled
+            >>> is_deepspeed_zero3_enabled()
+            True
+        """
+        config = copy.deepcopy(self.deepspeed_config)
+        for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+            if config.get(key, "auto") == "auto":
+                config[key] = 1
+        if config.get("train_batch_size") == "auto":
+            del config["train_batch_size"]
+        self.dschf = tell_transformers(config)
 
     def is_zero3_init_enabled(self) -> bool:
+        """`zero3_init_flag`: whether models are meant to be built directly partitioned (ZeRO-3).
+
+        Example:
+            >>> DeepSpeedPlugin(zero_stage=2).is_zero3_init_enabled()
+            False
+        """
         return bool(self.zero3_init_flag)
 
     @contextlib.contextmanager
-    def zero3_init_context_manager(self, enable: bool = False) -> Any:
-        """Inside, models are built directly partitioned (`deepspeed.zero.Init`) when `zero3_init_flag` is set.
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        """Inside, `zero3_init_flag` is `enable` (and transformers is told again); restored on leaving.
 
         Example:
-            >>> import torch
-            >>> with DeepSpeedPlugin(zero_stage=2).zero3_init_context_manager():
-            ...     layer = torch.nn.Linear(2, 2)
+            >>> plugin = DeepSpeedPlugin(zero_stage=3)
+            >>> with plugin.zero3_init_context_manager(enable=False):
+            ...     plugin.zero3_init_flag
+            False
+            >>> plugin.zero3_init_flag
+            True
         """
-        if not (enable or self.zero3_init_flag) or not self.hf_ds_config.is_zero3():
+        old = self.zero3_init_flag
+        if old == enable:
             yield
             return
-        deepspeed = require_deepspeed()
-        config = {k: v for k, v in self.deepspeed_config.items() if not contains_auto(v)}
-        with deepspeed.zero.Init(config_dict_or_path=config):
+        self.zero3_init_flag = enable
+        self.dschf = None
+        self.set_deepspeed_weakref()
+        try:
             yield
+        finally:
+            self.zero3_init_flag = old
+            self.dschf = None
+            self.set_deepspeed_weakref()
+
+    def set_moe_leaf_modules(self, model: Any) -> None:
+        """Make the MoE layers named in `transformer_moe_cls_names` (else ``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``,
+        comma-separated class names) ZeRO-3 leaf modules, gathered whole (`deepspeed.utils.set_z3_leaf_modules`).
+
+        Example:
+            >>> from torch import nn
+            >>> DeepSpeedPlugin(transformer_moe_cls_names="Bilinear").set_moe_leaf_modules(nn.Linear(2, 2))
+            Traceback (most recent call last):
+            ...
+            ValueError: transformer_moe_cls_names names Bilinear, which the model does not contain; name its MoE layer classes (e.g. MixtralSparseMoeBlock).
+        """
+        if self.transformer_moe_cls_names is None:
+            self.transformer_moe_cls_names = os.environ.get("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES")
+        if self.transformer_moe_cls_names is None:
+            return
+        from ...runtime.modules import get_module_class_from_name
+
+        classes = []
+        for name in self.transformer_moe_cls_names.split(","):
+            found = get_module_class_from_name(model, name)
+            if found is None:
+                raise ValueError(f"transformer_moe_cls_names names {name}, which the model does not contain; name its "
+                                 "MoE layer classes (e.g. MixtralSparseMoeBlock).")
+            classes.append(found)
+        require_deepspeed().utils.set_z3_leaf_modules(model, classes)
 
     # -- which of several named plugins is active -------------------------------------------------
     def select(self, _from_accelerator_state: bool = False) -> None:
@@ -223,6 +365,7 @@ class DeepSpeedPlugin:
         if not _from_accelerator_state:
             raise ValueError("a DeepSpeedPlugin is selected by the Accelerator (its first plugin) or by "
                              "accelerator.state.select_deepspeed_plugin(name), not by calling select() on it.")
+        self.set_deepspeed_weakref()  # transformers follows the selected plugin, as under Accelerate
         self._selected = True
 
     def _unselect(self) -> None:
@@ -253,23 +396,24 @@ class DeepSpeedPlugin:
             ...
             hasten.core.errors.DeepSpeedConfigError: the DeepSpeed config sets bf16.enabled=True but the Accelerator's mixed_precision is 'no'; pass mixed_precision='bf16' (or --mixed_precision bf16) or set "bf16": {"enabled": "auto"} in the file.
         """
-        engine_dtype = _engine_dtype(mixed_precision)
+        dtype_on = engine_dtype(mixed_precision)
         for dtype in ("fp16", "bf16"):
             enabled = self.get_value(f"{dtype}.enabled")
             if enabled is None or enabled == "auto":
                 continue
             flag = str(enabled).lower() == "true"
-            if flag != (engine_dtype == dtype):
+            if flag != (dtype_on == dtype):
                 auto = f'set "{dtype}": {{"enabled": "auto"}} in the file'
                 fix = (f"pass mixed_precision='{dtype}' (or --mixed_precision {dtype}) or {auto}" if flag
                        else f"{auto} or pass a mixed_precision other than '{mixed_precision}'")
-                raise _conflict(f"{dtype}.enabled", enabled, "the Accelerator's mixed_precision", mixed_precision, fix)
+                raise conflict(f"{dtype}.enabled", enabled, "the Accelerator's mixed_precision", mixed_precision, fix)
 
     def resolve_accumulation(self, accelerator_steps: int, given: bool = True) -> int:
         """The accumulation steps both sides use; `given`: the script or launcher set the Accelerator's explicitly.
 
         A number the DeepSpeed config sets must equal one given to the
-        Accelerator; when none was given, the config's number is used.
+        Accelerator; when none was given, the config's number is used. The 1
+        written for a config file without one gives way to a number given.
 
         Example:
             >>> DeepSpeedPlugin(gradient_accumulation_steps=4).resolve_accumulation(1, given=False)
@@ -278,12 +422,12 @@ class DeepSpeedPlugin:
             2
         """
         value = self.get_value("gradient_accumulation_steps")
-        if value is None or value == "auto":
+        if value is None or value == "auto" or (given and self._accumulation_implied):
             steps = accelerator_steps
         else:
             steps = int(value)
             if given and steps != accelerator_steps:
-                raise _conflict("gradient_accumulation_steps", steps, "the Accelerator's gradient_accumulation_steps",
+                raise conflict("gradient_accumulation_steps", steps, "the Accelerator's gradient_accumulation_steps",
                                 accelerator_steps, "give the same number in both places, or set it to \"auto\" in the DeepSpeed config")
         self.hf_ds_config.set_value("gradient_accumulation_steps", steps)
         self.gradient_accumulation_steps = steps
@@ -292,7 +436,7 @@ class DeepSpeedPlugin:
     def build_engine_config(self, *, world_size: int, mixed_precision: str, device_type: str,
                             micro_batch_size: int | None, client_optimizer: bool | None, optimizer: Any = None,
                             scheduler: Any = None) -> dict[str, Any]:
-        """The config `deepspeed.initialize` gets: every "auto" filled, every disagreement raised.
+        """The config `deepspeed.initialize` gets: every "auto" filled, every disagreement raised (this config unchanged).
 
         `client_optimizer`: True for a torch optimizer, False for a `DummyOptim`
         (the config's optimizer), None for a model prepared without one (an
@@ -305,96 +449,9 @@ class DeepSpeedPlugin:
             >>> config["train_batch_size"], config["bf16"]["enabled"], config["gradient_accumulation_steps"]
             (32, True, 2)
         """
-        self.check_mixed_precision(mixed_precision)
-        config = HfDeepSpeedConfig(self.deepspeed_config)
-        gas = config.get_value("gradient_accumulation_steps")
-        if gas in (None, "auto"):
-            raise DeepSpeedConfigError("gradient_accumulation_steps is still 'auto'; call resolve_accumulation first.")
-        gas = int(gas)
-        for dtype in ("fp16", "bf16"):
-            config.set_value(f"{dtype}.enabled", _engine_dtype(mixed_precision) == dtype)
-        self._fill_batch_sizes(config, world_size, gas, micro_batch_size)
-        if config.is_auto("gradient_clipping"):
-            clip = self.gradient_clipping
-            config.set_value("gradient_clipping", float(clip) if clip not in (None, "auto") else 1.0)
-        if config.is_auto("zero_optimization.stage3_gather_16bit_weights_on_model_save"):
-            config.set_value("zero_optimization.stage3_gather_16bit_weights_on_model_save", bool(self.zero3_save_16bit_model))
-        has_optimizer = "optimizer" in config.config
-        if client_optimizer is None:  # forward only: no optimizer and no scheduler for DeepSpeed to build
-            if has_optimizer:
-                raise DeepSpeedConfigError("prepare got a model without an optimizer, but this DeepSpeed config defines "
-                                           "one, which nothing would step; pass DummyOptim(model.parameters()) with the "
-                                           "model, or use a config without \"optimizer\" for a forward-only engine.")
-            config.config.pop("scheduler", None)
-            return self._finish(config)
-        if client_optimizer and has_optimizer:
-            raise DeepSpeedConfigError("the DeepSpeed config defines an optimizer and the code passed a torch optimizer too; "
-                                       "remove \"optimizer\" from the config or pass hasten.utils.DummyOptim to prepare.")
-        if not client_optimizer and not has_optimizer:
-            raise DeepSpeedConfigError("prepare got a DummyOptim but the DeepSpeed config defines no optimizer; "
-                                       "add an \"optimizer\" section to the config or pass a torch optimizer.")
-        if client_optimizer:
-            config.config.setdefault("zero_allow_untested_optimizer", True)
-        else:
-            self._fill_optimizer(config, optimizer, device_type)
-        self._fill_scheduler(config, scheduler)
-        return self._finish(config)
-
-    @staticmethod
-    def _finish(config: HfDeepSpeedConfig) -> dict[str, Any]:
-        leftover = auto_keys(config.config)
-        if leftover:
-            raise DeepSpeedConfigError(f"the DeepSpeed config still has 'auto' for {', '.join(leftover)}, which hasten "
-                                       "cannot fill from the Accelerator; give explicit values in the file.")
-        return config.config
-
-    def _fill_batch_sizes(self, config: HfDeepSpeedConfig, world_size: int, gas: int, micro: int | None) -> None:
-        file_micro = config.get_value("train_micro_batch_size_per_gpu")
-        if file_micro in (None, "auto"):
-            file_micro = None
-        elif micro is not None and int(file_micro) != micro:
-            raise _conflict("train_micro_batch_size_per_gpu", file_micro, "the prepared DataLoader's per-process batch size",
-                            micro, "set it to \"auto\" in the DeepSpeed config or give the DataLoader that batch size")
-        # DeepSpeed only logs and counts samples with it; the training math does not depend on it.
-        micro = micro if micro is not None else (int(file_micro) if file_micro is not None else 1)
-        config.set_value("train_micro_batch_size_per_gpu", micro)
-        total = micro * gas * world_size
-        file_total = config.get_value("train_batch_size")
-        if file_total not in (None, "auto") and int(file_total) != total:
-            raise _conflict("train_batch_size", file_total, "micro batch x accumulation steps x processes",
-                            f"{micro} x {gas} x {world_size} = {total}", "set train_batch_size to \"auto\" in the DeepSpeed config")
-        config.set_value("train_batch_size", total)
-
-    def _fill_optimizer(self, config: HfDeepSpeedConfig, optimizer: Any, device_type: str) -> None:
-        params = config.config["optimizer"].setdefault("params", {})
-        values = {"lr": getattr(optimizer, "lr", None), "weight_decay": getattr(optimizer, "weight_decay", None)}
-        values.update(getattr(optimizer, "kwargs", {}) or {})
-        for key, value in list(params.items()):
-            if value == "auto":
-                if values.get(key) is None:
-                    raise DeepSpeedConfigError(f"the DeepSpeed config has optimizer.params.{key}='auto' but the DummyOptim "
-                                               f"gives no {key}; pass DummyOptim(..., {key}=...) or a value in the file.")
-                value = values[key]
-                params[key] = list(value) if isinstance(value, tuple) else value
-        kind = str(config.config["optimizer"].get("type", "")).lower()
-        if device_type == "cpu" and kind in ("adam", "adamw") and "torch_adam" not in params:
-            params["torch_adam"] = True  # DeepSpeed's fused Adam needs a GPU
-
-    def _fill_scheduler(self, config: HfDeepSpeedConfig, scheduler: Any) -> None:
-        section = config.config.get("scheduler")
-        if section is None:
-            return
-        params = section.setdefault("params", {})
-        lr = config.get_value("optimizer.params.lr")
-        values = {"warmup_min_lr": 0, "warmup_max_lr": lr, "cos_min_ratio": 0.0,
-                  "warmup_num_steps": getattr(scheduler, "warmup_num_steps", None),
-                  "total_num_steps": getattr(scheduler, "total_num_steps", None)}
-        for key, value in list(params.items()):
-            if value == "auto":
-                if values.get(key) is None:
-                    raise DeepSpeedConfigError(f"the DeepSpeed config has scheduler.params.{key}='auto' and nothing fills it; "
-                                               f"pass DummyScheduler(..., {key}=...) or give a value in the file.")
-                params[key] = values[key]
+        return engine_config(self, world_size=world_size, mixed_precision=mixed_precision, device_type=device_type,
+                             micro_batch_size=micro_batch_size, client_optimizer=client_optimizer, optimizer=optimizer,
+                             scheduler=scheduler)
 
     @classmethod
     def from_launch_config(cls, section: dict[str, Any]) -> "DeepSpeedPlugin":
@@ -413,8 +470,10 @@ class DeepSpeedPlugin:
         get = section.get
         file = get("deepspeed_config_file")
         moe = get("deepspeed_moe_layer_cls_names")
+        init = get("zero3_init_flag")
+        init = None if init is None else bool(init)  # not given: the environment's, else whether the config is ZeRO-3
         if file:
-            return cls(hf_ds_config=file, zero3_init_flag=bool(get("zero3_init_flag", False)), transformer_moe_cls_names=moe)
+            return cls(hf_ds_config=file, zero3_init_flag=init, transformer_moe_cls_names=moe)
         steps = get("gradient_accumulation_steps")
         return cls(
             gradient_accumulation_steps=None if steps in (None, 1) else int(steps),
@@ -424,7 +483,7 @@ class DeepSpeedPlugin:
             offload_param_device=get("offload_param_device", "none"),
             offload_optimizer_nvme_path=get("offload_optimizer_nvme_path"),
             offload_param_nvme_path=get("offload_param_nvme_path"),
-            zero3_init_flag=bool(get("zero3_init_flag", False)),
+            zero3_init_flag=init,
             zero3_save_16bit_model=bool(get("zero3_save_16bit_model", False)),
             transformer_moe_cls_names=moe,
         )

@@ -152,6 +152,7 @@ class DeepSpeedStrategy(Strategy):
             raise ValueError("DeepSpeed cannot train in fp16 on CPUs; use mixed_precision='bf16' or 'no' there.")
         for one in given:  # every plugin runs in the Accelerator's precision (Accelerate sets it on each)
             one.check_mixed_precision(mixed_precision)
+            one.set_mixed_precision(mixed_precision)  # its fp16/bf16 sections, which libraries read before prepare
         # DeepSpeed casts the model and scales the loss itself: no GradScaler. Autocast only lets fp32 inputs
         # meet the 16-bit weights DeepSpeed made.
         precision = PrecisionPolicy(name=mixed_precision, device_type=device.type, dtype=_DTYPES.get(mixed_precision))
@@ -226,6 +227,7 @@ class DeepSpeedStrategy(Strategy):
             micro_batch_size=self.micro_batch_size, client_optimizer=not dummy, optimizer=optimizer, scheduler=scheduler)
         self.engine_config = config
         self.cast_forward(model)
+        plugin.set_moe_leaf_modules(model)  # MoE layers gathered whole under ZeRO-3, as Accelerate's prepare does
         kwargs: dict[str, Any] = {"model": model.to(self.device), "config": config}
         if dummy_optim is not None:
             kwargs["model_parameters"] = dummy_optim.params
@@ -265,6 +267,7 @@ class DeepSpeedStrategy(Strategy):
             world_size=self.world_size // self.sp_size, mixed_precision=self.precision.name, device_type=self.device.type,
             micro_batch_size=self.micro_batch_size, client_optimizer=None)
         self.cast_forward(model)
+        plugin.set_moe_leaf_modules(model)
         engine, *_ = deepspeed.initialize(model=model.to(self.device), config=config)
         self.engines.append(engine)
         return engine
