@@ -158,6 +158,23 @@ def test_the_strategy_reads_the_typed_fields():
     assert not any(wrap_unit_filter(sized, model)(m) for m in model.modules() if m is not model)
 
 
+def test_a_policy_of_fsdp1s_protocol_picks_units_as_fsdp1_would():
+    """PEFT's examples set `fsdp_plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model)`: an FSDP1 policy
+    (``module, recurse, nonwrapped_numel``); it was called with the module alone (TypeError)."""
+    from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
+
+    from hasten.strategies.fsdp.strategy import wrap_unit_filter
+
+    model = _model()
+    peft_like = functools.partial(_or_policy, policies=[
+        functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: m is model[2]),
+        functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})])
+    plugin = Ours(fsdp_version=2)
+    plugin.auto_wrap_policy = peft_like
+    is_unit = wrap_unit_filter(plugin, model)
+    assert [m for m in model.modules() if is_unit(m)] == [model[0], model[1], model[2]]
+
+
 def test_the_accelerator_sets_the_precision_policy_as_accelerates_state_does():
     from accelerate.utils import FullyShardedDataParallelPlugin as Theirs
 

@@ -55,7 +55,8 @@ def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -
     in `transformer_cls_names_to_wrap`, else the model's `_no_split_modules`;
     `size_based_auto_wrap_policy`: modules of more than `min_num_params`
     parameters (none when it is 0); None: no units; another callable: used as
-    ``module -> bool``.
+    ``module -> bool``, or asked FSDP1's question for each module when it takes FSDP1's
+    ``(module, recurse, nonwrapped_numel)`` (PEFT's `fsdp_auto_wrap_policy`).
 
     Example:
         >>> plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
@@ -78,7 +79,7 @@ def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -
             return lambda module: False
         return lambda module: sum(p.numel() for p in module.parameters()) > threshold
     if function is not transformer_auto_wrap_policy and name != "TRANSFORMER_BASED_WRAP":
-        return cast(Callable[[nn.Module], bool], policy)
+        return _as_module_test(policy)
     names = list(plugin.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
     present = {type(m).__name__ for m in model.modules()}
     missing = [n for n in names if n not in present]
@@ -89,6 +90,21 @@ def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -
         )
     wanted = set(names)
     return lambda module: type(getattr(module, "_checkpoint_wrapped_module", module)).__name__ in wanted
+
+
+def _as_module_test(policy: Callable[..., Any]) -> Callable[[nn.Module], bool]:
+    """A callable policy as ``module -> bool``: one of FSDP1's protocol (``module, recurse, nonwrapped_numel``, as
+    PEFT's `fsdp_auto_wrap_policy` builds) is asked FSDP1's question for each module: wrap it as a unit?"""
+    import inspect
+
+    try:
+        parameters = inspect.signature(policy).parameters
+    except (TypeError, ValueError):
+        return cast(Callable[[nn.Module], bool], policy)
+    if not {"recurse", "nonwrapped_numel"} <= set(parameters):
+        return cast(Callable[[nn.Module], bool], policy)
+    return lambda module: bool(policy(module=module, recurse=False,
+                                      nonwrapped_numel=sum(p.numel() for p in module.parameters())))
 
 
 def offload_saved_inputs(unit: nn.Module, pin_memory: bool = True) -> None:
