@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping
 
 from ...core.environment import str_to_bool
 from .plugin_fields import (FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGY, FSDP_STATE_DICT_TYPE,
-                            FSDP2_STATE_DICT_TYPE, as_enum, precision_dtypes, setting_name)
+                            FSDP2_STATE_DICT_TYPE, as_enum, decode_fsdp1_flags, decode_loading, decode_wrap_policy, flag,
+                            precision_dtypes, setting_name)
 
 __all__ = ["FullyShardedDataParallelPlugin", "SHARDING_STRATEGIES", "STATE_DICT_TYPES", "AUTO_WRAP_POLICIES",
            "BACKWARD_PREFETCHES", "FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH",
@@ -34,10 +35,6 @@ STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")  # what hasten save
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 _RESHARDING = ("FULL_SHARD", "HYBRID_SHARD")  # the strategies that free gathered parameters after forward
-
-
-def _flag(env: Mapping[str, str], name: str, default: str = "False") -> bool:
-    return bool(str_to_bool(env.get(name, default), to_bool=True))
 
 
 @dataclass
@@ -129,7 +126,7 @@ class FullyShardedDataParallelPlugin:
                                              FSDP_SHARDING_STRATEGY)
         self._decode_reshard(env, v2)
         if self.cpu_offload is None:
-            self.cpu_offload = _flag(env, "FSDP_OFFLOAD_PARAMS")
+            self.cpu_offload = flag(env, "FSDP_OFFLOAD_PARAMS")
         self.set_cpu_offload()
         self.validate_cpu_offload()
         if self.backward_prefetch is None:
@@ -146,9 +143,9 @@ class FullyShardedDataParallelPlugin:
             else:
                 self.notices.append("backward_prefetch is an FSDP1 setting; FSDP2 prefetches the next unit itself.")
         self._state_dict_type_from(env)
-        self._decode_wrap_policy(env)
-        self._decode_fsdp1_flags(env, v2)
-        self._decode_loading(env, v2)
+        decode_wrap_policy(self, env)
+        decode_fsdp1_flags(self, env, v2)
+        decode_loading(self, env, v2)
         if isinstance(self.mixed_precision_policy, str):
             self.set_mixed_precision(self.mixed_precision_policy, override=True)
         elif isinstance(self.mixed_precision_policy, dict):
@@ -178,79 +175,6 @@ class FullyShardedDataParallelPlugin:
         if not v2 and isinstance(self.reshard_after_forward, bool):
             raise ValueError(f"reshard_after_forward={self.reshard_after_forward!r} is FSDP2's bool, but fsdp_version "
                              "is 1; pass a ShardingStrategy name such as 'FULL_SHARD', or use fsdp_version=2.")
-
-    def _decode_wrap_policy(self, env: Mapping[str, str]) -> None:
-        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
-
-        if self.auto_wrap_policy is None:
-            self.auto_wrap_policy = env.get("FSDP_AUTO_WRAP_POLICY", "NO_WRAP")
-        if not isinstance(self.auto_wrap_policy, str):
-            return
-        name = self.auto_wrap_policy.upper()
-        if name not in FSDP_AUTO_WRAP_POLICY:
-            raise ValueError(f"auto_wrap_policy={self.auto_wrap_policy!r} is not one of {', '.join(FSDP_AUTO_WRAP_POLICY)}; "
-                             "pick one of those or pass a callable module -> bool.")
-        if name == "TRANSFORMER_BASED_WRAP":
-            self.auto_wrap_policy = transformer_auto_wrap_policy
-            if self.transformer_cls_names_to_wrap is None:
-                self.transformer_cls_names_to_wrap = env.get("FSDP_TRANSFORMER_CLS_TO_WRAP")  # type: ignore[assignment]
-            if isinstance(self.transformer_cls_names_to_wrap, str):
-                self.transformer_cls_names_to_wrap = [n.strip() for n in self.transformer_cls_names_to_wrap.split(",")]
-        elif name == "SIZE_BASED_WRAP":
-            self.auto_wrap_policy = size_based_auto_wrap_policy
-            if self.min_num_params is None:
-                self.min_num_params = int(env.get("FSDP_MIN_NUM_PARAMS", 0))
-            elif not isinstance(self.min_num_params, int):
-                raise ValueError(f"min_num_params={self.min_num_params!r} is not an integer; pass a whole number of "
-                                 "parameters.")
-        else:
-            self.auto_wrap_policy = None
-
-    def _decode_fsdp1_flags(self, env: Mapping[str, str], v2: bool) -> None:
-        """use_orig_params, sync_module_states, forward_prefetch: FSDP1's (read from the environment only there)."""
-        for name, variable in (("use_orig_params", "FSDP_USE_ORIG_PARAMS"), ("sync_module_states", "FSDP_SYNC_MODULE_STATES")):
-            if getattr(self, name) is None and not v2:
-                setattr(self, name, _flag(env, variable))
-            if v2 and getattr(self, name) is not None:
-                self.notices.append(f"{name} is obsolete in FSDP2 and set to None.")
-                setattr(self, name, None)
-        if self.forward_prefetch is None and not v2:
-            self.forward_prefetch = _flag(env, "FSDP_FORWARD_PREFETCH")
-        if v2 and self.forward_prefetch is not None:
-            raise ValueError("forward_prefetch is an FSDP1 setting that FSDP2 does not have; leave it None or use "
-                             "fsdp_version=1.")
-        if self.forward_prefetch:
-            self.notices.append("forward_prefetch is an FSDP1 setting; FSDP2 overlaps the next unit's all-gather "
-                                "itself, so it is not used.")
-        if self.use_orig_params is False:
-            self.notices.append("use_orig_params=False is an FSDP1 setting; FSDP2 always keeps the original parameters.")
-
-    def _decode_loading(self, env: Mapping[str, str], v2: bool) -> None:
-        if self.activation_checkpointing is None:
-            self.activation_checkpointing = _flag(env, "FSDP_ACTIVATION_CHECKPOINTING")
-        if self.activation_checkpointing_offload is None:
-            self.activation_checkpointing_offload = _flag(env, "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD")
-        if self.activation_checkpointing_offload and not self.activation_checkpointing:
-            raise ValueError("activation_checkpointing_offload=True needs activation_checkpointing=True; "
-                             "set both, or drop activation_checkpointing_offload.")
-        if self.activation_checkpointing_offload and not v2:
-            raise ValueError("activation_checkpointing_offload=True needs fsdp_version=2; set it, or drop the offload.")
-        if self.ignored_modules is None:
-            self.ignored_modules = env.get("FSDP_IGNORED_MODULES")
-        if self.cpu_ram_efficient_loading is None:
-            self.cpu_ram_efficient_loading = _flag(env, "FSDP_CPU_RAM_EFFICIENT_LOADING")
-        else:  # transformers reads it when it loads pretrained weights, as under Accelerate
-            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading)
-        if not v2 and self.cpu_ram_efficient_loading and not self.sync_module_states:
-            self.notices.append("cpu_ram_efficient_loading needs sync_module_states; it is set to True.")
-            self.sync_module_states = True
-        if self.sync_module_states:  # Accelerate's: modules on meta get empty storage on this process's device
-            import torch
-
-            device = torch.device(torch.accelerator.current_accelerator() or "cpu")
-            if device.type != "cpu":
-                device = torch.device(device.type, torch.accelerator.current_device_index())
-            self.param_init_fn = lambda module: module.to_empty(device=device, recurse=False)
 
     # -- Accelerate's setters -------------------------------------------------------------------------
     def set_state_dict_type(self, state_dict_type: Any = None) -> None:
