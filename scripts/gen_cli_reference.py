@@ -129,8 +129,7 @@ Where the command's behaviour differs from Accelerate 1.15's launcher, and why:
   (`--tpu`, `--tpu_cluster`, `--no_tpu_cluster`, `--tpu_use_sudo`, `--vm`,
   `--env`, `--main_training_function`, `--downcast_bf16`), Megatron-LM
   (`--use_megatron_lm`, `--megatron_lm_*`), SageMaker (`--aws_*`, a
-  SageMaker config file), `fsdp_ignored_modules` given by name (pass the
-  modules to `FullyShardedDataParallelPlugin`). Config-file keys hasten does
+  SageMaker config file). Config-file keys hasten does
   not use (`tpu_*`, `megatron_lm_config`, ...) are named in one note each.
 
 A new launch setting is a flag in `cli/launch_flags.py` and, when a config

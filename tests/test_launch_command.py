@@ -151,7 +151,7 @@ def test_every_config_key_is_a_flag_that_reaches_the_config(no_file):
 def test_every_section_key_is_a_flag_that_reaches_the_launch_spec(schema, section, no_file, script):
     switch = "--use_deepspeed" if section == "deepspeed" else "--use_fsdp"
     for f in dataclasses.fields(schema):
-        if f.name == "fsdp_ignored_modules":  # a key of Accelerate's files, no flag of its launcher (refused: below)
+        if f.name == "fsdp_ignored_modules":  # a key of Accelerate's files, no flag of its launcher (tested below)
             continue
         value = str((f.metadata["choices"] or [{bool: "true", int: "1", float: "0.5"}.get(field_type(f), "x")])[-1])
         args = launch_parser().parse_args(["--config_file", no_file, switch, f"--{f.name}", value, str(script)])
@@ -184,13 +184,18 @@ def test_what_cannot_work_is_refused_in_one_line_before_anything_starts(tmp_path
     assert result.stderr.count("\n") == 1 and "SCRIPT-RAN" not in result.stdout
 
 
-def test_fsdp_ignored_modules_by_name_are_refused_not_dropped(tmp_path, script):
+def test_fsdp_ignored_modules_by_name_reach_the_plugin(tmp_path, script):
+    """A config file's fsdp_ignored_modules (a regular expression of module names, as Accelerate reads it) reaches
+    the FSDP plugin the Accelerator builds from the launch spec; Accelerate's null is no value."""
+    from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+
     config = tmp_path / "c.yaml"
     config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_ignored_modules: null\n")
     assert hasten(tmp_path, "--dry_run", "--config_file", str(config), str(script)).returncode == 0  # Accelerate's null
     config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_ignored_modules: 'head.*'\n")
-    result = hasten(tmp_path, "--config_file", str(config), str(script))
-    assert result.returncode == 2 and "FullyShardedDataParallelPlugin(ignored_modules=" in result.stderr
+    args = launch_parser().parse_args(["--config_file", str(config), str(script)])
+    spec = build_plan(args, resolve_config(args)).spec
+    assert FullyShardedDataParallelPlugin.from_launch_config(spec.fsdp).ignored_modules == "head.*"
 
 
 def test_a_sagemaker_config_is_refused_in_one_line(tmp_path, script):

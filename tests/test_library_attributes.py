@@ -163,3 +163,20 @@ def test_two_processes_join_save_and_load_as_accelerate_lets_them(tmp_path):
         assert result["model_load"].startswith(f"CheckpointError: on process 1: {tmp_path / 'model1'} holds only what")
         assert "pass that directory to load_state on every process." in result["model_load"]
         assert "async_save=True) publishes one directory" in result["async"]
+
+
+def test_accelerate_use_fsdp_in_the_environment_gives_the_accelerator_an_fsdp_plugin(monkeypatch):
+    """As Accelerate's Accelerator: a script started by another launcher that exports ACCELERATE_USE_FSDP=true gets
+    a default plugin (which reads the FSDP_* variables)."""
+    from hasten import Accelerator
+    from hasten.runtime.accelerator_state import AcceleratorState
+    from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT")
+    try:
+        plugin = Accelerator(cpu=True).state.fsdp_plugin
+        assert isinstance(plugin, FullyShardedDataParallelPlugin)
+        assert "SHARDED" in str(plugin.state_dict_type)
+    finally:
+        AcceleratorState._reset_state(True)

@@ -124,15 +124,25 @@ def _first_given(*values: Any) -> Any:
 
 def _engine_plugins(fsdp_plugin: FullyShardedDataParallelPlugin | None, deepspeed_plugin: _DeepSpeedPlugins | None,
                     spec: LaunchSpec) -> tuple[FullyShardedDataParallelPlugin | None, _DeepSpeedPlugins | None]:
-    """The FSDP / DeepSpeed plugins: the ones passed, else the ones `hasten launch` decoded from flags or the config file."""
+    """The FSDP / DeepSpeed plugins: the ones passed, else the ones `hasten launch` decoded from flags or the config
+    file, else (as Accelerate's Accelerator) a default one when ``ACCELERATE_USE_FSDP`` / ``ACCELERATE_USE_DEEPSPEED``
+    is true — a script started by another launcher that exports them; the plugins read their other variables."""
     if fsdp_plugin is None and spec.fsdp is not None:
         from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin.from_launch_config(spec.fsdp)
+    elif fsdp_plugin is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+
+        fsdp_plugin = FullyShardedDataParallelPlugin()
     if deepspeed_plugin is None and spec.deepspeed is not None:
         from .strategies.deepspeed.plugin import DeepSpeedPlugin
 
         deepspeed_plugin = DeepSpeedPlugin.from_launch_config(spec.deepspeed)
+    elif deepspeed_plugin is None and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        from .strategies.deepspeed.plugin import DeepSpeedPlugin
+
+        deepspeed_plugin = DeepSpeedPlugin()
     return fsdp_plugin, deepspeed_plugin
 
 

@@ -53,7 +53,7 @@ def plugins(engine: str) -> dict:
     if engine == "fsdp":
         from hasten import FullyShardedDataParallelPlugin
 
-        return {"fsdp_plugin": FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT")}
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")}
     if engine == "z2":
         from hasten.utils.deepspeed import DeepSpeedPlugin
 

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration, set_seed
+from hasten.state import AcceleratorState
 
 SAMPLES, GLOBAL_BATCH, SAVE_AFTER = 36, 6, 2  # 6 global batches in the epoch, the checkpoint after 2 of them
 
@@ -34,7 +35,7 @@ def plugins(engine: str) -> dict:
         from hasten import FullyShardedDataParallelPlugin
 
         kind = "FULL_STATE_DICT" if engine == "fsdpfull" else "SHARDED_STATE_DICT"
-        return {"fsdp_plugin": FullyShardedDataParallelPlugin(state_dict_type=kind)}
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type=kind)}
     if engine.startswith("z"):
         from hasten.utils.deepspeed import DeepSpeedPlugin
 
@@ -106,6 +107,7 @@ def run(out: Path, phase: str, engine: str) -> None:
         except Exception as error:  # noqa: BLE001 - the refusal is what the test reads
             (out / f"{name}.rank{rank}.json").write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
             accelerator.free_memory()
+            AcceleratorState._reset_state()  # the next engine's Accelerator would share this one's DeepSpeed plugin
             return
         loaded = full_state(accelerator, engine, model, optimizer)
         if accelerator.is_main_process:
@@ -132,6 +134,7 @@ def run(out: Path, phase: str, engine: str) -> None:
         (out / f"{name}.rank{rank}.json").write_text(json.dumps({"seen": seen, "world": world}))
     accelerator.wait_for_everyone()
     accelerator.free_memory()
+    AcceleratorState._reset_state()  # the next engine's Accelerator would share this one's DeepSpeed plugin
 
 
 if __name__ == "__main__":

@@ -106,10 +106,6 @@ def _engine_options_need_their_engine(given: Mapping[str, Any], config: LaunchCo
             raise ConfigError(f"--{name} is an FSDP option; add --use_fsdp.")
 
 
-def _check_fsdp(config: LaunchConfig) -> None:
-    if config.use_fsdp and (config.fsdp_config or {}).get("fsdp_ignored_modules"):
-        raise ConfigError("fsdp_ignored_modules: hasten's FSDP takes the modules themselves, not names; drop the key "
-                          "and pass FullyShardedDataParallelPlugin(ignored_modules=[...]) to the Accelerator.")
 
 
 def _check_precision(config: LaunchConfig) -> None:
@@ -212,7 +208,6 @@ def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch, in_this_proce
     if steps is not None and steps < 1:
         raise ConfigError(f"--gradient_accumulation_steps must be at least 1, got {steps}.")
     _check_precision(config)
-    _check_fsdp(config)
     spec = _checked_spec(resolved, steps)
     torchrun_only = [f"--{name}" for name, default in _TORCHRUN_ONLY.items() if getattr(args, name, default) != default]
     if config.mpirun and torchrun_only:
