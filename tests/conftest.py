@@ -54,6 +54,24 @@ def _fresh_gradient_state():
     GradientState._reset_state()
 
 
+# What Accelerator() reads from the environment to choose an engine, as Accelerate's does (a default FSDP or DeepSpeed
+# plugin when ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED is true). Code under test may set them (Accelerate's
+# enable_fsdp_ram_efficient_loading does, on purpose); left behind, they would turn every later run into an FSDP run.
+_ENGINE_SWITCHES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "FSDP_CPU_RAM_EFFICIENT_LOADING")
+
+
+@pytest.fixture(autouse=True)
+def _engine_switches_kept():
+    """Every test leaves the engine switches of the environment as it found them."""
+    saved = {name: os.environ.get(name) for name in _ENGINE_SWITCHES}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def no_fp8_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make torchao and Transformer Engine look absent in this process (the test extra installs torchao)."""
