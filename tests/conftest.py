@@ -54,22 +54,20 @@ def _fresh_gradient_state():
     GradientState._reset_state()
 
 
-# What Accelerator() reads from the environment to choose an engine, as Accelerate's does (a default FSDP or DeepSpeed
-# plugin when ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED is true). Code under test may set them (Accelerate's
-# enable_fsdp_ram_efficient_loading does, on purpose); left behind, they would turn every later run into an FSDP run.
-_ENGINE_SWITCHES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "FSDP_CPU_RAM_EFFICIENT_LOADING")
-
-
 @pytest.fixture(autouse=True)
-def _engine_switches_kept():
-    """Every test leaves the engine switches of the environment as it found them."""
-    saved = {name: os.environ.get(name) for name in _ENGINE_SWITCHES}
+def _environment_kept():
+    """Every test leaves os.environ as it found it.
+
+    Code under test sets variables on purpose: Accelerate's enable_fsdp_ram_efficient_loading sets
+    ACCELERATE_USE_FSDP (which Accelerator() reads, as Accelerate's does), and a one-process DeepSpeed engine
+    sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT for its group of one. Left behind, they reach every later
+    launch of the suite through its environment (an FSDP run, a port this process still holds).
+    """
+    saved = dict(os.environ)
     yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture
