@@ -70,6 +70,18 @@ def _environment_kept():
         os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True)
+def _no_process_group_left():
+    """A test that made a process group in this process (a one-process DeepSpeed engine makes one) ends it: a later
+    test's notebook_launcher refuses to fork from a process that belongs to a group, rightly."""
+    import torch.distributed as dist
+
+    had = dist.is_available() and dist.is_initialized()
+    yield
+    if not had and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture
 def no_fp8_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make torchao and Transformer Engine look absent in this process (the test extra installs torchao)."""
