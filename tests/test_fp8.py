@@ -77,15 +77,20 @@ def test_accelerator_fp8_attributes_match_accelerate(one_process):
 
 @pytest.mark.multiprocess
 def test_fsdp2_float8_all_gather_trains_as_accelerate_ddp(tmp_path):
-    """FSDP2 gathers the weights in fp8 (torchao's tensor subclass) over gloo, trains exactly as DDP, resumes exactly."""
+    """FSDP2 gathers the weights in fp8 (torchao's tensor subclass) over gloo, trains exactly as DDP, resumes exactly.
+
+    With a precision policy that keeps fp32: by default fp8 under FSDP computes and reduces in bf16 (Accelerate's
+    set_mixed_precision maps "fp8" to bf16), which DDP does not.
+    """
     peer = _records([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
                      "--mixed_precision", "no", "--dynamo_backend", "no", "--num_processes", "2",
                      "--main_process_port", _port(), str(SCRIPT), "--lib", "accelerate", "--late-optimizer"])["default"]
     ours = _records([sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "--main_process_port", _port(),
-                     "--use_fsdp", "--fsdp_version", "2", str(SCRIPT), "--lib", "hasten",
+                     "--use_fsdp", "--fsdp_version", "2", str(SCRIPT), "--lib", "hasten", "--fsdp-fp32",
                      "--resume-check", str(tmp_path / "ckpt")])["default"]
     assert (peer["distributed_type"], ours["distributed_type"], ours["processes"]) == ("MULTI_CPU", "FSDP", 2)
     assert ours["weights"] == ["WeightWithDynamicFloat8CastTensor"] and ours["converted"] == CONVERTED
+    assert ours["policy"] == "torch.float32"
     assert ours["losses"] == peer["losses"] and ours["params"] == peer["params"] and ours["frozen"] == []
     assert ours["resumed"] is True  # save_state, 2 steps, load_state: the same 2 steps (the fp8 scales recomputed)
 

@@ -59,10 +59,12 @@ def reference() -> tuple[list[float], dict]:
 
 
 def build(stage: int, seed: int = 0):
+    # The model comes first: built after a ZeRO-3 Accelerator, transformers would build it inside zero.Init (as under
+    # Accelerate, which registers the config with transformers too), with other initial values than the reference's.
+    model = make_model(seed)
     plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=CLIP)
     config = ParallelismConfig(sp_size=2, sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa"))
     accelerator = Accelerator(cpu=True, deepspeed_plugin=plugin, parallelism_config=config)
-    model = make_model(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     loader = DataLoader(samples(), batch_size=BATCH)
     return (accelerator, *accelerator.prepare(model, optimizer, loader))

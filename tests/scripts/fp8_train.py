@@ -21,6 +21,9 @@ parser.add_argument("--resume-check", metavar="DIR",
                     help="after the digest: save_state to DIR, 2 steps, load_state, the same 2 steps again")
 parser.add_argument("--late-optimizer", action="store_true",
                     help="build the optimizer after preparing the model (Accelerate's default fp8 recipe needs it)")
+parser.add_argument("--fsdp-fp32", action="store_true",
+                    help="an FSDP plugin whose precision policy keeps fp32 (by default fp8 under FSDP computes and "
+                         "reduces in bf16, as Accelerate's set_mixed_precision maps it)")
 args = parser.parse_args()
 lib = importlib.import_module(args.lib)
 utils = importlib.import_module(f"{args.lib}.utils")
@@ -62,7 +65,16 @@ def recipes(case):
 
 
 def run(case):
-    accelerator = lib.Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=recipes(case))
+    plugin = None
+    if args.fsdp_fp32:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        plugin = utils.FullyShardedDataParallelPlugin(
+            fsdp_version=2, mixed_precision_policy=MixedPrecisionPolicy(param_dtype=torch.float32,
+                                                                        reduce_dtype=torch.float32))
+    accelerator = lib.Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=recipes(case), fsdp_plugin=plugin)
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
+    policy = getattr(getattr(fsdp, "mixed_precision_policy", None), "param_dtype", None)
     torch.manual_seed(0)
     model = Net()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -113,7 +125,7 @@ def run(case):
                           "backend": str(accelerator.fp8_backend.value), "enabled": accelerator.fp8_enabled,
                           "emulate": config.emulate, "all_gather": config.enable_fsdp_float8_all_gather,
                           "pad_inner_dim": config.pad_inner_dim, "mixed_precision": accelerator.mixed_precision,
-                          "processes": accelerator.num_processes, "weights": weights,
+                          "processes": accelerator.num_processes, "weights": weights, "policy": str(policy),
                           "distributed_type": str(accelerator.distributed_type.value)}), flush=True)
     return accelerator
 
