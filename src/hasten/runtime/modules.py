@@ -12,11 +12,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Iterable
 
+import torch
 from torch import nn
 
-__all__ = ["get_module_children_bottom_up", "get_module_class_from_name", "model_has_dtensor"]
+__all__ = ["get_module_children_bottom_up", "get_module_class_from_name", "get_parameters_from_modules",
+           "model_has_dtensor"]
 
 
 def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:
@@ -73,3 +76,23 @@ def model_has_dtensor(model: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def get_parameters_from_modules(modules: Iterable[nn.Module] | str | None, model: nn.Module,
+                                device: torch.device | str) -> set[nn.Parameter]:
+    """The parameters of `modules`: modules, or a regular expression matched against `model`'s module names.
+
+    Modules found by the expression are moved to `device` first (they stay
+    out of sharding, so they must already sit where the run computes).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+        >>> len(get_parameters_from_modules("1", model, "cpu"))
+        2
+    """
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        modules = [module.to(device) for name, module in model.named_modules() if pattern.fullmatch(name)]
+    return {parameter for module in modules for parameter in module.parameters()}

@@ -16,13 +16,21 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...core.errors import DeepSpeedConfigError
 from .config import HfDeepSpeedConfig, auto_keys
 
-if TYPE_CHECKING:
-    from .plugin import DeepSpeedPlugin
+
+
+class PluginView(Protocol):
+    """What the filling reads of a `DeepSpeedPlugin` (a protocol, so this module need not import the plugin's)."""
+
+    deepspeed_config: dict[str, Any]
+    gradient_clipping: Any
+    zero3_save_16bit_model: Any
+
+    def check_mixed_precision(self, mixed_precision: str) -> None: ...
 
 __all__ = ["engine_config", "engine_dtype", "conflict"]
 
@@ -48,7 +56,7 @@ def conflict(what: str, file_value: Any, ours: str, our_value: Any, fix: str) ->
     return DeepSpeedConfigError(f"the DeepSpeed config sets {what}={file_value!r} but {ours} is {our_value!r}; {fix}.")
 
 
-def engine_config(plugin: DeepSpeedPlugin, *, world_size: int, mixed_precision: str, device_type: str,
+def engine_config(plugin: PluginView, *, world_size: int, mixed_precision: str, device_type: str,
                   micro_batch_size: int | None, client_optimizer: bool | None, optimizer: Any = None,
                   scheduler: Any = None) -> dict[str, Any]:
     """`plugin`'s config filled for one engine (see `DeepSpeedPlugin.build_engine_config`).

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
-from ...runtime.modules import get_module_children_bottom_up, get_module_class_from_name
+from ...runtime.modules import get_module_children_bottom_up, get_module_class_from_name, get_parameters_from_modules
 from .plugin import FullyShardedDataParallelPlugin
 
 if TYPE_CHECKING:
@@ -79,26 +78,6 @@ def fsdp2_canonicalize_names(named_params: dict[str, Any]) -> dict[str, Any]:
         return name.replace("._orig_mod", "")
 
     return {plain(name): value for name, value in named_params.items()}
-
-
-def get_parameters_from_modules(modules: Iterable[nn.Module] | str | None, model: nn.Module,
-                                device: torch.device | str) -> set[nn.Parameter]:
-    """The parameters of `modules`: modules, or a regular expression matched against `model`'s module names.
-
-    Modules found by the expression are moved to `device` first (they stay
-    out of sharding, so they must already sit where the run computes).
-
-    Example:
-        >>> model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
-        >>> len(get_parameters_from_modules("1", model, "cpu"))
-        2
-    """
-    if modules is None:
-        return set()
-    if isinstance(modules, str):
-        pattern = re.compile(modules)
-        modules = [module.to(device) for name, module in model.named_modules() if pattern.fullmatch(name)]
-    return {parameter for module in modules for parameter in module.parameters()}
 
 
 def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:

@@ -20,6 +20,7 @@ from torch import nn
 
 from .plugin import FullyShardedDataParallelPlugin
 from ...options import DistributedType
+from ...runtime.modules import get_parameters_from_modules
 from ...runtime.precision import PrecisionPolicy, make_precision_policy
 from . import checkpoint as fsdp_checkpoint
 from ..base import Parameters, ShardedState, Strategy, notice_once
@@ -310,8 +311,6 @@ class FSDPStrategy(Strategy):
     def _shard(self, model: nn.Module) -> None:
         """One `fully_shard` per wrap unit (innermost first), then the root, on the data-parallel mesh."""
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-
-        from .helpers import get_parameters_from_modules
 
         is_unit = wrap_unit_filter(self.plugin, model)
         self.plugin.set_auto_wrap_policy(model)  # what Accelerate's prepare leaves in the plugin (a bound partial)
