@@ -83,6 +83,22 @@ def _no_process_group_left():
 
 
 @pytest.fixture
+def no_engine_variables():
+    """The test starts without FSDP_* / ACCELERATE_* variables and the Accelerator's state is forgotten after it
+    (the plugin tests compare fields the variables would fill)."""
+    from unittest import mock
+
+    from hasten.state import AcceleratorState
+
+    names = [n for n in os.environ if n.startswith(("FSDP_", "ACCELERATE_"))]
+    with mock.patch.dict(os.environ, {}, clear=False):
+        for name in names:
+            del os.environ[name]
+        yield
+    AcceleratorState._reset_state()
+
+
+@pytest.fixture
 def no_fp8_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make torchao and Transformer Engine look absent in this process (the test extra installs torchao)."""
     import importlib.util

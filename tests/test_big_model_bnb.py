@@ -32,26 +32,8 @@ FOUR = dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype
 OFFLOADED = {"embed": "cpu", "blocks": "disk", "attn": "cpu", "norm": "cpu", "head": "cpu"}
 
 
-class Net(nn.Module):
-    """The model of bnb_peer.py: an embedding tied to the head, two Linear blocks, an attention-like module, a norm."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(32, 64)
-        self.blocks = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
-        self.attn = nn.Module()
-        self.attn.q = nn.Linear(64, 64)
-        self.norm = nn.LayerNorm(64)
-        self.head = nn.Linear(64, 32, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.attn.q(self.blocks(self.embed(ids)))))
-
-
-def _net() -> Net:
-    torch.manual_seed(0)
-    return Net()
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from bnb_net import Net, net as _net  # noqa: E402  (the model bnb_peer.py quantizes under both libraries)
 
 
 def _empty() -> Net:

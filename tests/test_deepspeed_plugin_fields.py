@@ -11,24 +11,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from unittest import mock
 
 import pytest
 from torch import nn
 
 from conftest import run_with_timeout
-from hasten.state import AcceleratorState
 
 
-@pytest.fixture(autouse=True)
-def _clean_environment():
-    """Each test's variables are undone after it, and the Accelerator's state forgotten."""
-    names = [n for n in os.environ if n.startswith(("FSDP_", "ACCELERATE_"))]
-    with mock.patch.dict(os.environ, {}, clear=False):
-        for name in names:
-            del os.environ[name]
-        yield
-    AcceleratorState._reset_state()
+pytestmark = pytest.mark.usefixtures("no_engine_variables")  # conftest: no FSDP_/ACCELERATE_ variables, state reset
 
 
 def _same(ours, theirs) -> bool:

@@ -10,27 +10,16 @@ counterpart is tests/test_deepspeed_plugin_fields.py.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
-from unittest import mock
 
 import pytest
 import torch
 from torch import nn
 
-from hasten.state import AcceleratorState
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Ours
 
 
-@pytest.fixture(autouse=True)
-def _clean_environment():
-    """Each test's variables (and what a plugin writes, FSDP_CPU_RAM_EFFICIENT_LOADING) are undone after it."""
-    names = [n for n in os.environ if n.startswith(("FSDP_", "ACCELERATE_"))]
-    with mock.patch.dict(os.environ, {}, clear=False):
-        for name in names:
-            del os.environ[name]
-        yield
-    AcceleratorState._reset_state()
+pytestmark = pytest.mark.usefixtures("no_engine_variables")  # conftest: no FSDP_/ACCELERATE_ variables, state reset
 
 
 def _same(ours, theirs) -> bool:
