@@ -52,6 +52,12 @@ def _fresh_gradient_state():
     from hasten.runtime.gradient_state import GradientState
 
     GradientState._reset_state()
+    # Accelerate's own state too, where a differential test ran the real package in this process: its next
+    # Accelerator (another test's, with another mixed_precision) would be refused as a change of a set-up state.
+    peer = sys.modules.get("accelerate.state")
+    if peer is not None and peer.__name__ == "accelerate.state":  # under the switch the name is hasten.state
+        peer.AcceleratorState._reset_state(True)
+        peer.GradientState._reset_state()
 
 
 @pytest.fixture(autouse=True)
