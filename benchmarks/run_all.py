@@ -167,6 +167,12 @@ def merge(new: list[dict], old: list[dict], rerun: set[str]) -> list[dict]:
             group = []
     meta = next(r for r in new if r["section"] == "_meta")
     meta["kept"] = [o for o in origins if o["scripts"]]
+    if kept:  # the kept figures hold the peers measured then: a peer absent now keeps its columns and its version
+        for peer, present in old_meta.get("peers", {}).items():
+            meta.setdefault("peers", {})[peer] = meta["peers"].get(peer) or present
+        for package, version in old_meta.get("versions", {}).items():
+            if version and not meta.setdefault("versions", {}).get(package):
+                meta["versions"][package] = version
     return new + kept
 
 
