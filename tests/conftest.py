@@ -42,8 +42,9 @@ def launch(script: str | Path, *script_args: str, num_processes: int = 2, launch
 
 
 @pytest.fixture(autouse=True)
-def _fresh_gradient_state():
-    """Every test starts with a fresh GradientState, as Accelerate's test cases do (`AccelerateTestCase`).
+def _fresh_shared_state():
+    """Every test starts with a fresh GradientState (and Accelerate's own states), as Accelerate's test cases do
+    (`AccelerateTestCase`).
 
     The state is shared by every Accelerator of a process, as in Accelerate: a test that stops inside an
     accumulation cycle (sync_gradients False) would otherwise make the next test's optimizer skip its steps.
@@ -90,17 +91,13 @@ def _no_process_group_left():
 
 @pytest.fixture
 def no_engine_variables():
-    """The test starts without FSDP_* / ACCELERATE_* variables and the Accelerator's state is forgotten after it
-    (the plugin tests compare fields the variables would fill)."""
-    from unittest import mock
-
+    """The test starts without FSDP_* / ACCELERATE_* variables (`_environment_kept` puts them back) and the
+    Accelerator's state is forgotten after it (the plugin tests compare fields the variables would fill)."""
     from hasten.state import AcceleratorState
 
-    names = [n for n in os.environ if n.startswith(("FSDP_", "ACCELERATE_"))]
-    with mock.patch.dict(os.environ, {}, clear=False):
-        for name in names:
-            del os.environ[name]
-        yield
+    for name in [n for n in os.environ if n.startswith(("FSDP_", "ACCELERATE_"))]:
+        del os.environ[name]
+    yield
     AcceleratorState._reset_state()
 
 

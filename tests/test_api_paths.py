@@ -182,9 +182,8 @@ def test_module_class_by_name_and_dtensor_check():
 def test_ram_efficient_loading_switches_set_what_transformers_reads(monkeypatch):
     from hasten.utils import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
 
-    for name in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):  # absent now, and again afterwards
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):  # conftest's _environment_kept undoes the switch
+        monkeypatch.delenv(name, raising=False)
     enable_fsdp_ram_efficient_loading()
     assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True" and os.environ["ACCELERATE_USE_FSDP"] == "True"
     disable_fsdp_ram_efficient_loading()

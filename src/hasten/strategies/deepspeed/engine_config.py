@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from ...core.errors import DeepSpeedConfigError
 from .config import HfDeepSpeedConfig, auto_keys
 
+__all__ = ["engine_config", "engine_dtype", "conflict"]
 
 
 class PluginView(Protocol):
@@ -31,8 +32,6 @@ class PluginView(Protocol):
     zero3_save_16bit_model: Any
 
     def check_mixed_precision(self, mixed_precision: str) -> None: ...
-
-__all__ = ["engine_config", "engine_dtype", "conflict"]
 
 
 def engine_dtype(mixed_precision: str) -> str:
