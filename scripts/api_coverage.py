@@ -57,7 +57,7 @@ from typing import Any
 
 # Top-level modules whose names scripts import (`from accelerate.data_loader import ...`).
 TOP_LEVEL = ["data_loader", "launchers", "state", "local_sgd", "memory_utils", "logging", "optimizer", "scheduler",
-             "tracking", "checkpointing", "inference", "parallelism_config", "big_modeling", "hooks"]
+             "tracking", "checkpointing", "parallelism_config", "big_modeling", "hooks"]
 @dataclass
 class Report:
     module: str

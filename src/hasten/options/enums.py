@@ -120,7 +120,6 @@ class FP8BackendType(str, enum.Enum):
 
     NO = "NO"
     TE = "TE"
-    MSAMP = "MSAMP"
     AO = "AO"
 
 
