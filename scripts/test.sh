@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test-suite (unit + real multi-process tests).
 #
-# With no arguments (the whole suite), Accelerate's own test suite (scripts/peer_suite.py, when
-# ../shared/accelerate-1.15-tests is there) runs first, two files at a time (about 90 s);
+# With no arguments (the whole suite), Accelerate's own test suite (scripts/peer_suite.py: 1.16's, with 1.15's
+# engine folders, when ../shared/accelerate-1.16-tests is there) runs first, two files at a time;
 # tests/test_peer_suite.py reads its report and fails pytest if it found a difference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
