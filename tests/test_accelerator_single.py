@@ -243,7 +243,7 @@ def test_save_writes_the_format_accelerates_save_writes_and_leaves_no_partial_fi
     acc = Accelerator(cpu=True)
     model = acc.prepare(torch.nn.Linear(2, 2))
     state = acc.unwrap_model(model).state_dict()
-    # As in Accelerate 1.15, safe_serialization defaults to False: torch.save's zip pickle, whatever the file's name.
+    # As in Accelerate 1.16, safe_serialization defaults to False: torch.save's zip pickle, whatever the file's name.
     acc.save(state, tmp_path / "model.safetensors")
     assert (tmp_path / "model.safetensors").read_bytes()[:4] == b"PK\x03\x04"
     acc.save(state, tmp_path / "model.bin")

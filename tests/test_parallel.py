@@ -64,11 +64,16 @@ def test_config_none_means_one():
     ({"tp_size": 1.5}, "tp_size must be a whole number >= 1"),
     ({"cp_size": 2, "cp_backend": "ring"}, "cp_backend must be 'torch', got"),
     ({"cp_size": 2, "dp_replicate_size": 2}, "set dp_shard_size > 1"),
-    ({"dp_replicate_size": 2, "tp_size": 2}, "set dp_shard_size > 1"),
 ])
 def test_config_errors(sizes, message):
     with pytest.raises(ValueError, match=message):
         ParallelismConfig(**sizes)
+
+
+def test_tensor_parallel_beside_plain_replication_is_a_layout_as_in_accelerate_116():
+    config = ParallelismConfig(dp_replicate_size=2, tp_size=2)  # Accelerate 1.15 refused it; 1.16 takes it
+    assert config.mesh_dim_names == ("dp_replicate", "tp") and config.dp_dim_names == ["dp_replicate"]
+    assert config.to_json()["_sizes"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 2, "cp": 1, "sp": 1}
 
 
 def test_config_validate_names_the_mismatch():

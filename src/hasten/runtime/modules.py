@@ -18,6 +18,8 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from ..core.availability import is_torch_distributed_available
+
 __all__ = ["get_module_children_bottom_up", "get_module_class_from_name", "get_parameters_from_modules",
            "model_has_dtensor", "named_parameters_of", "parameter_id", "replaced_parameters"]
 
@@ -118,11 +120,15 @@ def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] 
 def model_has_dtensor(model: nn.Module) -> bool:
     """True when some parameter of `model` is a DTensor (split by FSDP2 or tensor parallelism).
 
+    A torch built without torch.distributed (which cannot import DTensor) holds none: False.
+
     Example:
         >>> from torch import nn
         >>> model_has_dtensor(nn.Linear(2, 2))
         False
     """
+    if not is_torch_distributed_available():
+        return False
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())

@@ -81,8 +81,10 @@ def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -
         return lambda module: sum(p.numel() for p in module.parameters()) > threshold
     if function is not transformer_auto_wrap_policy and name != "TRANSFORMER_BASED_WRAP":
         return _as_module_test(policy)
-    names = list(plugin.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
     present = {type(m).__name__ for m in model.modules()}
+    # the model's `_no_split_modules` may name classes it does not instantiate: those are left out (Accelerate 1.16)
+    names = list(plugin.transformer_cls_names_to_wrap
+                 or [n for n in getattr(model, "_no_split_modules", None) or [] if n in present])
     missing = [n for n in names if n not in present]
     if missing:
         raise ValueError(
