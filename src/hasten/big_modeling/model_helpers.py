@@ -430,7 +430,7 @@ def refuse_recurrent_layers(model: Any) -> None:
         ...
         ValueError: sequence parallelism cannot shard SimpleNamespace's ['linear_attention'] layers, whose recurrent state along the sequence would restart on every process; use a full-attention model, or, if those layers exchange that state across the sequence-parallel processes themselves, set DeepSpeedSequenceParallelConfig(sp_allow_recurrent_layers=True).
     """
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     recurrent = sorted({kind for kind in (getattr(config, "layer_types", None) or []) if "linear_attention" in kind})
     if recurrent:

@@ -87,7 +87,7 @@ def clip_by_total_norm(parameters: Parameters, max_norm: float, norm_type: float
         (5.0, [0.6, 0.8])
     """
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-    groups: dict[Any, list[torch.Tensor]] = {}
+    groups: dict[Any, list[Any]] = {}  # parameters whose gradients are on one mesh
     for param in params:
         if param.grad is not None:
             groups.setdefault(getattr(param.grad, "device_mesh", None), []).append(param)

@@ -175,7 +175,7 @@ def register_ulysses(model: Any, parallelism_config: Any, micro_batch_size: int 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     handler = getattr(parallelism_config, "sp_handler", None) or DeepSpeedSequenceParallelConfig()
-    attention = _attention_of(model, handler.sp_attn_implementation, handler.sp_allow_recurrent_layers)
+    attention = _attention_of(model, handler.sp_attn_implementation, bool(handler.sp_allow_recurrent_layers))
     # DeepSpeed registers once per process: its groups are globals it asserts unset, and it replaces the
     # attention function in place. A later Accelerator (e.g. a resumed run) starts again from the original.
     groups._SEQUENCE_PARALLEL_GROUP = groups._SEQUENCE_DATA_PARALLEL_GROUP = None
