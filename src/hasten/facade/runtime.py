@@ -268,7 +268,7 @@ class RuntimePart:
 
     @property
     def context_parallel_rank(self) -> int:
-        """This process's rank on the "cp" dim (0 without context parallelism); Accelerate 1.15 raises instead.
+        """This process's rank on the "cp" dim (0 without context parallelism); Accelerate 1.16 raises instead.
 
         Example:
             >>> from hasten import Accelerator, ParallelismConfig

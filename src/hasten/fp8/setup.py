@@ -1,8 +1,8 @@
 """fp8 training chosen once: which backend and recipe (`Fp8Setup.resolve`), applied to models in `prepare`.
 
-Accelerate 1.15's choices: `mixed_precision="fp8"` without a recipe
-handler picks torchao, else Transformer Engine, else MS-AMP (the first
-installed) with that backend's default recipe; a recipe handler without
+Accelerate 1.16's choices: `mixed_precision="fp8"` without a recipe
+handler picks torchao, else Transformer Engine (the first installed) with
+that backend's default recipe; a recipe handler without
 `mixed_precision="fp8"` is an error. Forward passes run under bf16
 autocast (`hasten.runtime.precision`); torchao's `Float8Linear` (`ao.py`) or
 Transformer Engine's layers inside its ``fp8_autocast`` (`te.py`) do the

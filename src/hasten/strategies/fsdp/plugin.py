@@ -7,7 +7,7 @@ None are read from the ``FSDP_*`` variables, as Accelerate's are), the
 (both reach each process in the launch spec; see
 `hasten.launch.config.FSDPConfig`).
 
-After construction every field holds what Accelerate 1.15's holds (torch's
+After construction every field holds what Accelerate 1.16's holds (torch's
 `ShardingStrategy`, `StateDictType`, `CPUOffload` / `OffloadPolicy`, wrap
 policy functions, ...), because libraries read them (TRL hands
 `cpu_offload` to `fully_shard`, diffusers reads `sharding_strategy`). The
