@@ -191,7 +191,9 @@ def run_file(rootdir: Path, relpath: str, lib: str, timeout: float = FILE_TIMEOU
            # Git is told not to look above the interpreter's folder, nor into this checkout.
            "GIT_CEILING_DIRECTORIES": os.pathsep.join([str(Path(sys.base_prefix).parent), str(ROOT)]),
            "CLEARML_CONFIG_FILE": str(PLUGIN_DIR / "clearml.conf"),  # why: in that file
-           "PYTHONPATH": os.pathsep.join(p for p in [str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")] if p)}
+           "PYTHONPATH": os.pathsep.join(p for p in [str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")] if p),
+           # the `accelerate` console scripts of this Python's environment (a virtualenv's need not be on PATH)
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     for name in ("HASTEN_CPU_FP16", "HASTEN_AS_ACCELERATE"):  # the project's own test settings are not the suite's
         env.pop(name, None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "peer_outcomes",
