@@ -97,6 +97,8 @@ def clip_by_total_norm(parameters: Parameters, max_norm: float, norm_type: float
 
     if norm_type == 0:  # count the gradients that are not all zero: each one's norm first
         norms = [whole(torch.linalg.vector_norm(p.grad, 0)) for group in groups.values() for p in group]
+    elif norm_type == float("inf"):  # a shard may be empty, where torch's max has no identity: taken by hand
+        norms = [_largest_magnitude([p.grad for p in group], mesh) for mesh, group in groups.items()]
     else:
         norms = [whole(torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)) for group in groups.values()]
     total = torch.linalg.vector_norm(torch.stack(norms) if norms else torch.zeros(1), norm_type)
@@ -111,6 +113,20 @@ def clip_by_total_norm(parameters: Parameters, max_norm: float, norm_type: float
         shards = [p.grad.to_local() for p in group]
         torch._foreach_mul_(shards, coefficient.to(shards[0].device))
     return total
+
+
+def _largest_magnitude(grads: list[Any], mesh: Any) -> torch.Tensor:
+    """The infinity norm of gradients on one mesh (or plain ones): the largest local magnitude (0 for an empty
+    shard), made the largest of the mesh's with a MAX all-reduce over each of its dims."""
+    shards = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    present = [shard.detach().abs().max() for shard in shards if shard.numel()]
+    largest = torch.stack(present).max() if present else torch.zeros((), dtype=shards[0].dtype, device=shards[0].device)
+    if mesh is not None:
+        import torch.distributed as dist
+
+        for dim in range(mesh.ndim):
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+    return largest
 
 
 class Strategy:
