@@ -38,24 +38,49 @@ def test_a_bad_machine_range_is_one_sentence(text):
         parse_machines(text)
 
 
-def test_every_size_keeps_the_global_batch_of_max_processes():
+def test_every_size_deals_the_micro_batches_of_a_step_and_weights_them_so_the_mean_is_over_all():
     sizes = ElasticSizes(min_processes=2, max_processes=8, processes_per_machine=2)
     assert sizes.sizes() == [2, 4, 6, 8]
-    with pytest.raises(ElasticSizeError, match="6 processes cannot hold"):
-        sizes.check(accumulation=1)  # 8 batches a step cannot be cut in 6 processes' shares
-    sizes.check(accumulation=3)  # 24 = 2 x 12 = 4 x 6 = 6 x 4 = 8 x 3
-    assert [sizes.accumulation_at(n, 3) for n in sizes.sizes()] == [12, 6, 4, 3]
+    # 8 processes x accumulation 1 = 8 micro-batches a step; 6 processes: two take 2, four take 1 (no size refused)
+    layouts = [sizes.layout(6, rank, accumulation=1) for rank in range(6)]
+    assert [layout.own() for layout in layouts] == [2, 2, 1, 1, 1, 1]
+    assert all(layout.most == 2 and layout.divisor == 8 / 6 for layout in layouts)
+    # the weights (P / M per micro-batch, averaged over P processes) sum to one step's mean
+    assert sum(layout.own() / layout.divisor for layout in layouts) / 6 == pytest.approx(1.0)
+    # each micro-batch of a step exactly once, over the processes
+    owned = sorted(j for layout in layouts for j in range(8) if layout.owner(j) == layout.rank)
+    assert owned == list(range(8))
+    assert [sizes.layout(n, 0, 3).own() for n in sizes.sizes()] == [12, 6, 4, 3]
+    with pytest.raises(ElasticSizeError, match="outside its range"):
+        sizes.layout(10, 0)
 
 
-def test_the_worker_accumulates_more_on_fewer_processes_and_refuses_a_range_it_cannot_hold():
+def test_a_process_knows_where_each_of_its_micro_batches_ends_a_step_and_when_it_owes_a_filler():
+    from hasten.process.elastic import ElasticLayout
+
+    # MAX 3 x accumulation 3 = 9 micro-batches a step; 2 processes: rank 0 takes 5, rank 1 takes 4 (+ a filler)
+    zero, one = (ElasticLayout(max_processes=3, processes=2, rank=r, accumulation=3) for r in (0, 1))
+    total = 24  # a pass of 24 micro-batches: steps of 9, 9 and a last one of 6
+    assert [zero.at(i, total).ends_step for i in range(zero.own_before(total))] == \
+        [False] * 4 + [True] + [False] * 4 + [True] + [False] * 2 + [True]
+    assert [(m.step, m.short_by) for m in (one.at(i, total) for i in range(one.own_before(total))) if m.ends_step] \
+        == [(0, 1), (1, 1), (2, 0)]  # the last step (6 micro-batches) is even: no filler
+    assert zero.own_before(total) + one.own_before(total) == total
+    # a checkpoint inside a step resumes at the step's start; right after an optimizer step, at the next one
+    assert one.step_start(6, total, stepped=False) == 9 and one.step_start(8, total, stepped=True) == 18
+
+
+def test_the_worker_accumulates_its_share_of_the_step_at_any_size():
     spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 4, "processes_per_machine": 1})
-    plugin, run = elastic_run(spec, 2, GradientAccumulationPlugin(num_steps=3))
-    assert plugin.num_steps == 6 and run.accumulation == 3 and run.scheduler_steps == 4
-    with pytest.raises(ElasticSizeError, match="3 processes cannot hold"):
-        elastic_run(spec, 2, GradientAccumulationPlugin(num_steps=1))  # 4 = 3 x ?: refused at the start, any size
+    plugin, run, batch = elastic_run(spec, 2, 0, GradientAccumulationPlugin(num_steps=3))
+    assert plugin.num_steps == 6 and run.accumulation == 3 and run.scheduler_steps == 4 and batch is None
+    plugin, run, _ = elastic_run(spec, 3, 2, GradientAccumulationPlugin(num_steps=1))  # 4 micro-batches on 3: 2,1,1
+    assert plugin.num_steps == 1 and run.layout.most == 2
     with pytest.raises(ValueError, match="outside its range"):
-        elastic_run(spec, 5, GradientAccumulationPlugin(num_steps=12))
-    plugin, run = elastic_run(LaunchSpec(), 2, GradientAccumulationPlugin(num_steps=3))
+        elastic_run(spec, 5, 0, GradientAccumulationPlugin(num_steps=12))
+    with pytest.raises(ValueError, match="sync_with_dataloader"):
+        elastic_run(spec, 2, 0, GradientAccumulationPlugin(num_steps=2, sync_with_dataloader=False))
+    plugin, run, _ = elastic_run(LaunchSpec(), 2, 0, GradientAccumulationPlugin(num_steps=3))
     assert run is None and plugin.num_steps == 3  # not elastic: untouched
 
 
@@ -146,11 +171,11 @@ def test_the_command_line_and_the_config_file_take_a_range(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "hasten", "launch", "--num_machines", "2:1", str(script)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "MIN must be at least 1 and at most MAX" in bad.stderr
-    # an accumulation given at launch is checked there, for every size the run may meet, before anything starts
-    uneven = subprocess.run([sys.executable, "-m", "hasten", "launch", "--dry_run", "--num_machines", "1:3",
-                             "--num_processes", "3", "--main_process_ip", "127.0.0.1", "--gradient_accumulation_steps",
+    # every size of every range holds the global batch: the README's range is taken as it is
+    readme = subprocess.run([sys.executable, "-m", "hasten", "launch", "--dry_run", "--num_machines", "1:4",
+                             "--num_processes", "32", "--main_process_ip", "127.0.0.1", "--gradient_accumulation_steps",
                              "1", str(script)], capture_output=True, text=True, timeout=120)
-    assert uneven.returncode == 2 and "which 2 processes cannot hold" in uneven.stderr
+    assert readme.returncode == 0 and "--nnodes=1:4" in readme.stdout, readme.stderr
 
 
 def test_the_store_watch_says_so_when_the_store_is_unreachable_and_stays_quiet_while_it_answers():

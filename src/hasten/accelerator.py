@@ -250,8 +250,10 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         self._init_tracking(log_with)
         # Gradient accumulation: one state per process, shared with every GradientState().
         plugin, accumulation_given = _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps, spec)
-        # An elastic launch (--num_machines MIN:MAX) keeps the global batch of MAX at any size (facade/elastic.py).
-        plugin, self._elastic = elastic_run(spec, self.state.num_processes, plugin)
+        # An elastic launch (--num_machines MIN:MAX) keeps the global batch of MAX at any size (facade/elastic.py):
+        # decided here, once, from the arguments, the launch spec and a DeepSpeed config, before any engine exists.
+        plugin, self._elastic, elastic_batch = elastic_run(spec, self.state.num_processes, self.state.process_index,
+                                                           plugin, accumulation_given, deepspeed_plugin)
         self.gradient_state = GradientState(plugin)
         self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -290,6 +292,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             gradient_state=self.gradient_state,
             sync_each_batch=plugin.sync_each_batch,
             accumulation_given=accumulation_given,
+            elastic_batch=elastic_batch,
         )
         self.precision = self.strategy.precision
         self.scaler = self.precision.scaler
@@ -333,6 +336,9 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
     def gradient_accumulation_steps(self, steps: int) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}.")
+        if self._elastic is not None:  # the recipe at MAX processes: this process's share of a step follows
+            self._elastic.set_accumulation(steps, self.strategy)
+            steps = self._elastic.accumulation_now
         self.gradient_state.num_steps = steps
 
     @property
@@ -349,11 +355,16 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
                 "pass your model and optimizer to accelerator.prepare(...) first."
             )
         self.gradient_state.mark_training()
+        if self._elastic is not None:  # each micro-batch at its weight, and the fillers a short process owes
+            self._elastic.backward(self.strategy, self.gradient_state, loss, **kwargs)
+            return
         self.strategy.backward(loss, self.gradient_state.num_steps, **kwargs)
 
     def _advance_accumulation(self) -> None:
         state = self.gradient_state
-        if state.sync_with_dataloader and state.end_of_dataloader:
+        if self._elastic is not None:  # the micro-batches of a step as the group deals them
+            self._elastic.advance(state)
+        elif state.sync_with_dataloader and state.end_of_dataloader:
             state.step = 0
             state.sync_gradients = True
         else:
@@ -377,7 +388,8 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             False
         """
         self._advance_accumulation()
-        if self.gradient_state.sync_gradients or not models:
+        # (a process that owes the step a filler pass synchronises in the filler's backward, not in this one)
+        if (self.gradient_state.sync_gradients and not (self._elastic and self._elastic.short_by)) or not models:
             return _SYNC_STEP
         if len(models) == 1:
             return self.strategy.no_sync(models[0])

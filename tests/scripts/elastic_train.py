@@ -1,9 +1,11 @@
 """An ordinary training script that does what an automatic restart needs, run elastically as is.
 
-usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS]]
+usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS [ACCUMULATION [MAX_PROCESSES]]]]
   ENGINE  ddp | fsdp (FSDP2, sharded checkpoints) | z2 (DeepSpeed ZeRO-2)
   STEP_SECONDS  a pause after each optimizer step (the file OUT_DIR/pace, when a test writes one, overrides it:
                 tests slow a phase down so that a machine's return lands in the middle of the run)
+  ACCUMULATION  the script's gradient_accumulation_steps (default 1)
+  MAX_PROCESSES the processes of the run's recipe (the uninterrupted run's), which size the LR schedule (default 2)
 
 It resumes with `load_state()` at the start and saves through hasten's periodic checkpoints (every 2 optimizer
 steps, in the background); nothing in it knows about elasticity. Each sample carries its index. After every
@@ -26,7 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration, set_seed
 
-SAMPLES, BATCH = 96, 4  # at 2 processes: global batch 8, 12 optimizer steps an epoch
+SAMPLES, BATCH = 96, 4  # 24 batches an epoch (at 2 processes, accumulation 1: 12 optimizer steps)
 
 
 class StepCount:
@@ -65,9 +67,12 @@ def main() -> None:
     out, engine = Path(sys.argv[1]), sys.argv[2]
     pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    accumulation = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    processes = int(sys.argv[6]) if len(sys.argv) > 6 else 2
     set_seed(0)
     accelerator = Accelerator(
-        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+        cpu=True, gradient_accumulation_steps=accumulation,
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
         project_config=ProjectConfiguration(str(out / "project"), automatic_checkpoint_naming=True, total_limit=3,
                                             save_every_n_steps=2),
         log_with="tensorboard" if engine == "ddp" else None, **plugins(engine))
@@ -77,8 +82,8 @@ def main() -> None:
     torch.manual_seed(7)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    total = epochs * SAMPLES // (BATCH * 2)  # optimizer steps at 2 processes, the run's recipe
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / (total * 2 + 1))
+    total = epochs * -(-SAMPLES // (BATCH * processes * accumulation))  # optimizer steps of the run's recipe
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / (total * processes + 1))
     loader = DataLoader(data, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(5))
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     count = StepCount()

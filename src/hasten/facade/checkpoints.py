@@ -124,7 +124,8 @@ class CheckpointPart:
                                              preemption=self.project_configuration.automatic_checkpoint_naming,
                                              progress_file=os.environ.get(PROGRESS_ENV), periodic=periodic,
                                              save_periodic=_SaveState(self, in_background=True) if periodic else None,
-                                             count_steps=self._elastic is not None)
+                                             count_steps=self._elastic is not None,
+                                             step_boundaries=self._elastic is not None)
         self._boundary_watch.install(self.gradient_state)
         if self._elastic is not None:  # (a collective: every process builds its Accelerator)
             join_elastic_run(self._elastic, self._boundary_watch, self.project_configuration.project_dir)
@@ -148,6 +149,7 @@ class CheckpointPart:
             load_pre_hooks=list(self._load_state_pre_hooks.values()),
             restore_position=self.dataloader_config.use_stateful_dataloader,
             notes=self._run_notes if self._boundary_watch.counting else None,
+            at_step_start=self._elastic is not None,
         )
 
     def _run_notes(self) -> dict[str, Any]:
