@@ -61,7 +61,11 @@ def elastic_spec(plan: Any) -> dict[str, int]:
 def elastic_torchrun_argv(plan: Any) -> list[str]:
     """torchrun's arguments for an elastic plan: ``--nnodes MIN:MAX`` on the c10d rendezvous of the main machine."""
     conf = {**RDZV_DEFAULTS, **dict(plan.rdzv_conf or {})}
-    if not is_loopback(plan.master_addr):
+    if is_loopback(plan.master_addr):
+        # several machines of one host (a local test): each would take itself for the host, and the first to bind
+        # would hold the store; machine 0 holds it, whatever order the commands start in (the others wait for it)
+        conf.setdefault("is_host", int(plan.machine_rank == 0))
+    else:
         # torch decides who hosts the store by the hostname's addresses, which need not include the address the
         # run names (several interfaces, a hostname resolving elsewhere): the machine that carries it hosts it
         conf.setdefault("is_host", int(owns_address(plan.master_addr)))
