@@ -1,9 +1,11 @@
 """An ordinary training script that does what an automatic restart needs, run elastically as is.
 
 usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS [ACCUMULATION [MAX_PROCESSES]]]]
-  ENGINE  ddp | fsdp (FSDP2, sharded checkpoints) | z2 (DeepSpeed ZeRO-2)
-  STEP_SECONDS  a pause after each optimizer step (the file OUT_DIR/pace, when a test writes one, overrides it:
-                tests slow a phase down so that a machine's return lands in the middle of the run)
+  ENGINE  ddp | fsdp (FSDP2, sharded checkpoints) | z2 (DeepSpeed ZeRO-2) | launched (the engine and the
+          accumulation come from the launch: e.g. --use_deepspeed --deepspeed_config_file FILE, whose
+          gradient_accumulation_steps is the recipe's)
+  STEP_SECONDS  a pause after each micro-batch (the file OUT_DIR/pace, when a test writes one, overrides it:
+                tests slow a phase down so that a machine's return or a signal lands in the middle of the run)
   ACCUMULATION  the script's gradient_accumulation_steps (default 1)
   MAX_PROCESSES the processes of the run's recipe (the uninterrupted run's), which size the LR schedule (default 2)
 
@@ -11,7 +13,9 @@ It resumes with `load_state()` at the start and saves through hasten's periodic 
 steps, in the background); nothing in it knows about elasticity. Each sample carries its index. After every
 optimizer step each process appends one JSON line to OUT_DIR/steps.rank<R>.pid<PID>.jsonl: the optimizer step
 (counted by a registered object, so it survives a resume), the group's size, the accumulation, the learning rate
-and the indices this process trained on in that step. The main process writes the final parameters to
+and the indices this process trained on in that step; after each micro-batch that does not end a step, one line
+to OUT_DIR/micro.rank<R>.jsonl (so a test can send a signal inside an accumulation cycle). The main process writes
+the final parameters to
 OUT_DIR/final.safetensors, and (ENGINE ddp) logs each step's loss to TensorBoard under OUT_DIR/project/elastic.
 """
 
@@ -71,7 +75,7 @@ def main() -> None:
     processes = int(sys.argv[6]) if len(sys.argv) > 6 else 2
     set_seed(0)
     accelerator = Accelerator(
-        cpu=True, gradient_accumulation_steps=accumulation,
+        cpu=True, gradient_accumulation_steps=None if engine == "launched" else accumulation,
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
         project_config=ProjectConfiguration(str(out / "project"), automatic_checkpoint_naming=True, total_limit=3,
                                             save_every_n_steps=2),
@@ -92,6 +96,7 @@ def main() -> None:
         accelerator.init_trackers("elastic")
     accelerator.load_state()  # the newest complete checkpoint, at whatever size the group has now
     log = out / f"steps.rank{accelerator.process_index}.pid{os.getpid()}.jsonl"
+    micro = out / f"micro.rank{accelerator.process_index}.jsonl"
     seen: list[int] = []
     start_epoch = loader.epoch if hasattr(loader, "epoch") else 0
     for _ in range(start_epoch, epochs):
@@ -104,6 +109,11 @@ def main() -> None:
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
+            if not accelerator.sync_gradients:
+                with micro.open("a") as file:
+                    file.write(json.dumps({"step": count.done, "world": accelerator.num_processes,
+                                           "time": time.time()}) + "\n")
+            time.sleep(_pace(out, pause))
             if accelerator.sync_gradients:
                 count.done += 1
                 accelerator.log({"loss": loss.item()}, step=count.done)
@@ -112,7 +122,6 @@ def main() -> None:
                                            "accumulation": accelerator.gradient_accumulation_steps, "lr": lr,
                                            "loss": loss.item(), "seen": seen, "time": time.time()}) + "\n")
                 seen = []
-                time.sleep(_pace(out, pause))
     state = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         save_file({k: v.contiguous() for k, v in state.items()}, str(out / "final.safetensors"))
