@@ -25,7 +25,6 @@ from torch.utils.data import DataLoader
 
 from .checkpointing.project import ProjectConfiguration
 from .facade.checkpoints import CheckpointPart
-from .facade.elastic import elastic_run
 from .facade.preparing import PreparePart, make_dynamo_plugin
 from .facade.processes import ProcessPart
 from .facade.runtime import RuntimePart
@@ -54,6 +53,7 @@ from .runtime.accelerator_state import AcceleratorState, activate_deepspeed_plug
 from .strategies.select import select_strategy
 
 if TYPE_CHECKING:
+    from .facade.elastic import ElasticRun
     from .strategies.deepspeed.plugin import DeepSpeedPlugin
     from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from .strategies.parallel.mesh import ParallelismConfig
@@ -252,8 +252,13 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         plugin, accumulation_given = _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps, spec)
         # An elastic launch (--num_machines MIN:MAX) keeps the global batch of MAX at any size (facade/elastic.py):
         # decided here, once, from the arguments, the launch spec and a DeepSpeed config, before any engine exists.
-        plugin, self._elastic, elastic_batch = elastic_run(spec, self.state.num_processes, self.state.process_index,
-                                                           plugin, accumulation_given, deepspeed_plugin)
+        self._elastic: ElasticRun | None = None
+        elastic_batch = None
+        if spec.elastic is not None:
+            from .facade.elastic import elastic_run
+
+            plugin, self._elastic, elastic_batch = elastic_run(spec, self.state.num_processes, self.state.process_index,
+                                                               plugin, accumulation_given, deepspeed_plugin)
         self.gradient_state = GradientState(plugin)
         self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer

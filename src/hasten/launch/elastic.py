@@ -50,12 +50,11 @@ def elastic_spec(plan: Any) -> dict[str, int]:
     Example:
         >>> from hasten.launch.plan import LaunchPlan
         >>> elastic_spec(LaunchPlan(target="t.py", num_processes=4, num_machines=2, min_machines=1))
-        {'min_processes': 2, 'max_processes': 4, 'processes_per_machine': 2, 'liveness_timeout': 45.0}
+        {'min_processes': 2, 'max_processes': 4, 'processes_per_machine': 2}
     """
     per_machine = plan.processes_per_machine
     return {"min_processes": int(plan.min_machines or plan.num_machines) * per_machine,
-            "max_processes": plan.num_processes, "processes_per_machine": per_machine,
-            "liveness_timeout": float(plan.liveness_timeout)}
+            "max_processes": plan.num_processes, "processes_per_machine": per_machine}
 
 
 def elastic_torchrun_argv(plan: Any) -> list[str]:
