@@ -69,9 +69,9 @@ class Recipe:
     def steps_per_epoch(self) -> int:
         return -(-(SAMPLES // BATCH) // (self.max_processes * self.accumulation))
 
-    def script_args(self, out: Path, pace: str) -> list[str]:
+    def script_args(self, out: Path, pace: str, *more: str) -> list[str]:
         return [str(SCRIPT), str(out), self.engine, pace, str(self.epochs), str(self.accumulation),
-                str(self.max_processes)]
+                str(self.max_processes), *more]
 
 
 # ---------------------------------------------------------------------------------------------- one machine
@@ -188,7 +188,7 @@ class ElasticRun:
 @contextlib.contextmanager
 def elastic_run(name: str, recipe: Recipe, out: Path, machines: int, *extra: str, main_ip: str = "127.0.0.1",
                 prefixes: tuple[tuple[str, ...], ...] | None = None, order: tuple[int, ...] | None = None,
-                steps: int = 3):
+                steps: int = 3, script: tuple[str, ...] = ()):
     """`machines` machines of one elastic run (MIN 1, MAX the recipe's), started in `order` (machine 0 last: it still
     hosts the store) and trained together for `steps` steps; every process of each is killed when the block ends."""
     out.mkdir(parents=True, exist_ok=True)
@@ -199,14 +199,15 @@ def elastic_run(name: str, recipe: Recipe, out: Path, machines: int, *extra: str
         command = [*(prefixes[rank] if prefixes else ()), sys.executable, "-m", "hasten", "launch",
                    "--num_machines", f"1:{recipe.max_processes}", "--num_processes", str(recipe.max_processes),
                    "--machine_rank", str(rank), "--main_process_ip", main_ip, "--main_process_port", str(port),
-                   "--max_restarts", "4", *recipe.launch, *extra, *recipe.script_args(out, SLOW)]
+                   "--max_restarts", "4", *recipe.launch, *extra, *recipe.script_args(out, SLOW, *script)]
         run.machines.append(Machine(command, f"{name}-{rank}-{port}", out / f"machine{rank}.log"))
     try:
         for rank in order or range(machines):
             run.machines[rank].start()
             time.sleep(1.0)
-        wait_for(lambda: len({r["step"] for r in steps_at(out, machines)}) >= steps, 240,
-                 f"{name}: {steps} steps on {machines} machines", run.machines)
+        if steps:
+            wait_for(lambda: len({r["step"] for r in steps_at(out, machines)}) >= steps, 240,
+                     f"{name}: {steps} steps on {machines} machines", run.machines)
         yield run
     finally:
         for machine in run.machines:
@@ -273,6 +274,23 @@ def returns_mid_reformation_then_lost_again(name: str, out: Path) -> ElasticRun:
     return run
 
 
+def saved_inside_a_cycle_then_resumed_on_fewer(name: str, out: Path) -> ElasticRun:
+    """Two machines: the script itself calls save_state() inside an accumulation cycle (after 2 of a step's 3
+    micro-batches on each process) and ends there; machine 0 alone (another run, another rendezvous) resumes from that
+    checkpoint on one process (6 micro-batches a step) and finishes."""
+    recipe = Recipe("ddp", max_processes=2, accumulation=3, epochs=2)
+    with elastic_run(name, recipe, out, 2, steps=0, script=("3",)) as run:
+        run.pace(FAST)
+        for machine in run.machines:
+            assert machine.wait(240) == 0, machine.log.read_text()[-4000:]
+    assert (out / "saved_inside").read_text() == "3"
+    with elastic_run(name, recipe, out, 1, steps=0) as resumed:
+        resumed.pace(FAST)
+        resumed.finish()
+    resumed.logs.update({f"first-{k}": v for k, v in run.logs.items()})
+    return resumed
+
+
 def reference(recipe: Recipe, out: Path) -> Path:
     """The uninterrupted run: the same script on MAX processes of one plain launch."""
     out.mkdir(parents=True)
@@ -336,6 +354,9 @@ def runs(tmp_path_factory):
             if name == "twice":
                 results[name] = (returns_mid_reformation_then_lost_again(name, root / name),
                                  reference(Recipe("ddp"), root / f"{name}-ref"))
+            elif name == "inside":
+                results[name] = (saved_inside_a_cycle_then_resumed_on_fewer(name, root / name),
+                                 reference(Recipe("ddp", accumulation=3, epochs=2), root / f"{name}-ref"))
             elif name == "three":
                 results[name] = (three_machines(name, root / name),
                                  reference(Recipe("ddp", max_processes=3, epochs=4), root / f"{name}-ref"))
@@ -345,7 +366,7 @@ def runs(tmp_path_factory):
         except BaseException as error:  # noqa: BLE001 - reported by the scenario's test
             results[name] = error
 
-    threads = [threading.Thread(target=run, args=(name,)) for name in [*plans, "three", "twice"]]
+    threads = [threading.Thread(target=run, args=(name,)) for name in [*plans, "three", "twice", "inside"]]
     for thread in threads:
         thread.start()
         time.sleep(3.0)  # staggered: launches importing torch at once slow each other's first steps
@@ -401,6 +422,19 @@ def assert_reformations_on_the_trackers_step_axis(logs: Path) -> None:
     for wall, step, _ in reformations:
         before = [s for w, tag, s, _ in events if tag == "loss" and w < wall]
         assert before and step >= max(before), f"a re-formation logged at step {step} after step {max(before)}"
+
+
+@pytest.mark.timeout(1300)
+def test_a_checkpoint_the_script_saves_inside_an_accumulation_cycle_resumes_on_another_number_of_processes(runs):
+    run, uninterrupted = _result(runs, "inside")
+    checkpoints = sorted((run.out / "project" / "checkpoints").glob("checkpoint_*"), key=lambda p: p.stat().st_mtime)
+    manifest = json.loads(next(p for p in checkpoints if (p / "hasten_checkpoint.json").exists()
+                               and json.loads((p / "hasten_checkpoint.json").read_text())["run"]["optimizer_steps"] == 3)
+                          .joinpath("hasten_checkpoint.json").read_text())
+    # it holds the state at the start of the step under way: no partial gradients, the accumulation count at 0
+    assert manifest["step"] == 0 and not [f for f in manifest["files"] if f.startswith("gradients")], manifest
+    assert "resumed from" in run.logs["machine0.log"] and "2 -> 1 processes" in run.logs["machine0.log"]
+    assert_same_training("inside", run.recipe, run.out, uninterrupted)
 
 
 @pytest.mark.timeout(1300)

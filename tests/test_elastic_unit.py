@@ -121,8 +121,14 @@ def test_the_reformation_line_names_who_left_the_new_size_and_the_steps_redone()
 
 def test_how_far_a_group_got_survives_it(tmp_path):
     assert read_reached(str(tmp_path)) is None
-    record_reached(str(tmp_path), 17)
-    assert read_reached(str(tmp_path)) == 17 and not list(tmp_path.glob("*.tmp"))
+    record_reached(str(tmp_path), 17, processes=2, machines=["a/0", "b/1"])
+    reached = read_reached(str(tmp_path))
+    assert reached == {"optimizer_steps": 17, "processes": 2, "machines": ["a/0", "b/1"]}
+    assert not list(tmp_path.glob("*.tmp"))
+    # a group of 2 that broke up before writing a checkpoint of its own: the line names it, not the checkpoint's group
+    run = ElasticRun(ElasticSizes(1, 2, 1), accumulation=1, world=1, machines=["a/0"])
+    line, _ = reformation(run, {"optimizer_steps": 15, "processes": 1, "machines": ["a/0"]}, "ck_7", reached)
+    assert "2 -> 1 processes" in line and "left: b/1" in line and "2 step(s) redone" in line
 
 
 # ---------------------------------------------------------------------------------------------- the launch
@@ -213,10 +219,10 @@ def test_the_store_watch_says_so_when_the_store_is_unreachable_and_stays_quiet_w
     assert "cannot leave an elastic run" in store_lost(_plan(), ConnectionError("refused"))
 
 
-def test_the_spec_carries_the_liveness_limit_as_an_elastic_runs_collective_timeout():
+def test_the_spec_carries_the_sizes_of_an_elastic_run():
+    # (not the liveness limit: an elastic run's process group keeps the user's timeout, tests/test_elastic_liveness.py)
     spec = LaunchSpec(elastic=elastic_spec(_plan(liveness_timeout=20.0)))
-    assert spec.collective_timeout() == 20.0 and LaunchSpec().collective_timeout() is None
-    assert spec.elastic_sizes() == ElasticSizes(2, 4, 2)
+    assert spec.elastic_sizes() == ElasticSizes(2, 4, 2) and "liveness_timeout" not in spec.elastic
 
 
 # ---------------------------------------------------------------------------------------------- periodic checkpoints
@@ -259,3 +265,83 @@ def test_periodic_checkpoints_every_n_optimizer_steps_count_steps_across_a_resum
     newest = [json.loads((tmp_path / "checkpoints" / f"checkpoint_{i}" / "hasten_checkpoint.json").read_text())
               for i in (2, 3)]
     assert [m["run"]["optimizer_steps"] for m in newest] == [6, 8]
+
+
+# ---------------------------------------------------------------------------------------------- the dealt batches
+class _Run:
+    """What an elastic loader reads of the run: the layout now, and whether the models train."""
+
+    def __init__(self, layout, training: bool = True) -> None:
+        self.layout, self.training = layout, training
+
+    def training_pass(self) -> bool:
+        return self.training
+
+
+def _dealt(processes: int, accumulation: int, samples: int, training: bool = True) -> list[list[list[int]]]:
+    from torch.utils.data import BatchSampler
+
+    from hasten.data.elastic import ElasticBatchSampler
+    from hasten.process.elastic import ElasticLayout
+
+    batches = []
+    for rank in range(processes):
+        layout = ElasticLayout(max_processes=3, processes=processes, rank=rank, accumulation=accumulation)
+        sampler = ElasticBatchSampler(BatchSampler(range(samples), batch_size=2, drop_last=False),
+                                      _Run(layout, training))
+        sampler.begin_pass(False)
+        batches.append(list(sampler))
+        assert len(sampler) == len(batches[-1])
+    return batches
+
+
+def test_a_training_pass_deals_the_run_s_global_order_padded_at_max_and_an_evaluation_pass_is_sharded_plainly():
+    # 3 processes at MAX, batches of 2 over 14 samples: 7 batches, padded to 9 (the uninterrupted run's windows of 3)
+    at_max = _dealt(3, 1, 14)
+    global_order = [batch for window in zip(*at_max) for batch in window]
+    assert [i for b in global_order for i in b] == list(range(14)) + [0, 1, 2, 3]
+    # 2 processes: step j of each 3 goes to j % 2, the same batches as at MAX, each once
+    two = _dealt(2, 1, 14)
+    assert two[0] == [global_order[g] for g in range(9) if g % 3 in (0, 2)]
+    assert two[1] == [global_order[g] for g in range(9) if g % 3 == 1]
+    one = _dealt(1, 1, 14)
+    assert one[0] == global_order
+    # model.eval(): plain sharding over the processes there are (as many batches each, padded at this size)
+    evaluation = _dealt(2, 1, 14, training=False)
+    assert [len(b) for b in evaluation] == [4, 4] and evaluation[0][0] == [0, 1] and evaluation[1][0] == [2, 3]
+
+
+def test_an_elastic_loader_saves_where_the_step_under_way_began_and_resumes_there_at_another_size():
+    from hasten.data import prepare_data_loader
+    from hasten.process.elastic import ElasticLayout
+    from hasten.runtime.gradient_state import GradientState
+
+    GradientState._reset_state()
+    state = GradientState()
+    data = TensorDataset(torch.arange(24))
+
+    def loader(processes: int, rank: int):
+        layout = ElasticLayout(max_processes=2, processes=processes, rank=rank, accumulation=3)
+        return prepare_data_loader(DataLoader(data, batch_size=2), num_processes=processes, process_index=rank,
+                                   gradient_state=state, elastic=_Run(layout))
+
+    one = loader(1, 0)  # 6 micro-batches a step on one process
+    batches = iter(one)
+    for _ in range(8):  # a step, and 2 micro-batches into the next
+        next(batches)
+    saved = one.position_state()
+    assert (saved["yielded"], saved["global_batch_size"]) == (6, 2)  # the step under way began at micro-batch 6
+    assert state.position.micro_batch.step == 1 and not state.position.micro_batch.ends_step
+    for _ in range(4):  # the step's last micro-batch
+        next(batches)
+    assert one.position_state()["yielded"] == 6 and state.position.micro_batch.ends_step
+    state.optimizer_steps += 1  # ... once the optimizer has stepped, a checkpoint resumes at the next step
+    assert one.position_state()["yielded"] == 12
+    rest = []
+    for rank in range(2):  # two processes resume from micro-batch 6: 3 each a step, the rest of the pass
+        resumed = loader(2, rank)
+        resumed.load_position(saved)
+        rest.append([b[0].tolist() for b in resumed])
+    assert sorted(i for part in rest for b in part for i in b) == list(range(12, 24))
+    assert rest[0][0] == [12, 13] and rest[1][0] == [14, 15]
+    GradientState._reset_state()

@@ -1,6 +1,6 @@
 """An ordinary training script that does what an automatic restart needs, run elastically as is.
 
-usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS [ACCUMULATION [MAX_PROCESSES]]]]
+usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS [ACCUMULATION [MAX_PROCESSES [SAVE_INSIDE]]]]]
   ENGINE  ddp | fsdp (FSDP2, sharded checkpoints) | z2 (DeepSpeed ZeRO-2) | launched (the engine and the
           accumulation come from the launch: e.g. --use_deepspeed --deepspeed_config_file FILE, whose
           gradient_accumulation_steps is the recipe's)
@@ -8,6 +8,8 @@ usage: elastic_train.py OUT_DIR ENGINE [STEP_SECONDS [EPOCHS [ACCUMULATION [MAX_
                 tests slow a phase down so that a machine's return or a signal lands in the middle of the run)
   ACCUMULATION  the script's gradient_accumulation_steps (default 1)
   MAX_PROCESSES the processes of the run's recipe (the uninterrupted run's), which size the LR schedule (default 2)
+  SAVE_INSIDE   N: once (the first run only), after the second micro-batch following optimizer step N, call
+                save_state() inside the accumulation cycle and stop there (a script's own save, at any moment)
 
 It resumes with `load_state()` at the start and saves through hasten's periodic checkpoints (every 2 optimizer
 steps, in the background); nothing in it knows about elasticity. Each sample carries its index. After every
@@ -73,6 +75,7 @@ def main() -> None:
     epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     accumulation = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     processes = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+    save_inside = int(sys.argv[7]) if len(sys.argv) > 7 else None
     set_seed(0)
     accelerator = Accelerator(
         cpu=True, gradient_accumulation_steps=None if engine == "launched" else accumulation,
@@ -98,9 +101,18 @@ def main() -> None:
     log = out / f"steps.rank{accelerator.process_index}.pid{os.getpid()}.jsonl"
     micro = out / f"micro.rank{accelerator.process_index}.jsonl"
     seen: list[int] = []
+    in_cycle = 0  # micro-batches since the last optimizer step
     start_epoch = loader.epoch if hasattr(loader, "epoch") else 0
     for _ in range(start_epoch, epochs):
         for inputs, targets, index in loader:
+            if save_inside is not None and count.done == save_inside and in_cycle == 2 and \
+                    not (out / "saved_inside").exists():
+                accelerator.save_state()
+                accelerator.wait_for_everyone()
+                if accelerator.is_main_process:
+                    (out / "saved_inside").write_text(str(count.done))
+                accelerator.end_training()
+                return
             with accelerator.accumulate(model):
                 loss = nn.functional.mse_loss(model(inputs), targets)
                 accelerator.backward(loss)
@@ -114,6 +126,7 @@ def main() -> None:
                     file.write(json.dumps({"step": count.done, "world": accelerator.num_processes,
                                            "time": time.time()}) + "\n")
             time.sleep(_pace(out, pause))
+            in_cycle = 0 if accelerator.sync_gradients else in_cycle + 1
             if accelerator.sync_gradients:
                 count.done += 1
                 accelerator.log({"loss": loss.item()}, step=count.done)

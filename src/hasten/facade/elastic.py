@@ -238,33 +238,41 @@ def elastic_run(spec: LaunchSpec, world: int, rank: int, plugin: GradientAccumul
     return replace(plugin, num_steps=run.accumulation_now), run, batch
 
 
-def record_reached(project_dir: str | None, optimizer_steps: int) -> None:
-    """Note, in the project directory, the optimizer steps this group reached (a failing process's last word).
+def record_reached(project_dir: str | None, optimizer_steps: int, processes: int | None = None,
+                   machines: list[str] | None = None) -> None:
+    """Note, in the project directory, the optimizer steps this group reached and the group (a failing process's
+    last word): the next group says who left it, even when the newest checkpoint was written by an earlier one.
 
-    Every failing process may write it; they write the same number, each
+    Every failing process may write it; they write the same values, each
     through its own temporary file and an atomic rename.
     """
     if not project_dir:
         return
     path = Path(project_dir) / REACHED_FILE
     temporary = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"optimizer_steps": int(optimizer_steps)}))
+    record: dict[str, Any] = {"optimizer_steps": int(optimizer_steps)}
+    if processes is not None:
+        record.update(processes=int(processes), machines=list(machines or []))
+    temporary.write_text(json.dumps(record))
     os.replace(temporary, path)
 
 
-def read_reached(project_dir: str | None) -> int | None:
-    """The optimizer steps the last group reached before it broke up (None: no record)."""
+def read_reached(project_dir: str | None) -> dict[str, Any] | None:
+    """How far the last group got before it broke up, and the group (None: no record)."""
     if not project_dir:
         return None
     try:
-        return int(json.loads((Path(project_dir) / REACHED_FILE).read_text())["optimizer_steps"])
+        record = json.loads((Path(project_dir) / REACHED_FILE).read_text())
+        return {**record, "optimizer_steps": int(record["optimizer_steps"])}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def reformation(run: ElasticRun, saved: dict[str, Any] | None, checkpoint: str, reached: int | None
-                ) -> tuple[str, dict[str, Any]] | None:
-    """The line and tracker record of a re-formation (None when the checkpoint's group is this one).
+def reformation(run: ElasticRun, saved: dict[str, Any] | None, checkpoint: str,
+                reached: dict[str, Any] | int | None) -> tuple[str, dict[str, Any]] | None:
+    """The line and tracker record of a re-formation (None when the group that broke up is this one and nothing is
+    redone). The group before is the one that broke up (`reached`, when a failing process recorded it), else the
+    checkpoint's.
 
     Example:
         >>> run = ElasticRun(ElasticSizes(1, 2, 1), accumulation=1, world=1, machines=["a/0"])
@@ -276,9 +284,12 @@ def reformation(run: ElasticRun, saved: dict[str, Any] | None, checkpoint: str, 
         3
     """
     saved = saved or {}
+    if isinstance(reached, int):
+        reached = {"optimizer_steps": reached}
     steps = int(saved.get("optimizer_steps", 0) or 0)
-    before_world, before = saved.get("processes"), list(saved.get("machines") or [])
-    redone = max(0, reached - steps) if reached is not None else 0
+    group = reached if reached is not None and "processes" in reached else saved
+    before_world, before = group.get("processes"), list(group.get("machines") or [])
+    redone = max(0, int(reached["optimizer_steps"]) - steps) if reached is not None else 0
     if before_world == run.world and before == run.machines and not redone:
         return None
     left = [m for m in before if m not in run.machines]
@@ -310,7 +321,7 @@ def join_elastic_run(run: ElasticRun, watch: Any, project_dir: str | None) -> No
     def reached() -> None:
         live = reference()
         if live is not None:
-            record_reached(project_dir, live.optimizer_steps)
+            record_reached(project_dir, live.optimizer_steps, run.world, run.machines)
 
     on_failure(reached)
 

@@ -175,8 +175,9 @@ class GradientState:
         self._positions.append(position)
 
     def pop(self, position: LoaderPosition) -> None:
-        if position in self._positions:
-            self._positions.remove(position)
+        positions = self.__dict__.get("_positions", ())  # (none after `_reset_state`: a pass outlived its state)
+        if position in positions:
+            positions.remove(position)
 
     def _remove_dataloader(self, dataloader: Any) -> None:
         """Forget every pass of `dataloader` (Accelerate's name: a loader's `end()` calls it)."""
