@@ -42,6 +42,7 @@ import contextlib
 import glob
 import json
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -116,8 +117,10 @@ class Silence:
     `look` is given what every other machine of the round last wrote (None
     where nothing was written yet) at `now` (seconds, the caller's clock),
     and returns the machines whose heartbeat has not changed for `limit`
-    seconds since this watch began to watch the round (a machine never
-    heard from included). A machine that wrote ``left`` is never silent.
+    seconds since this watch began to watch the round; a machine never
+    heard from in the round gets twice as long (its processes may start
+    a little later than this machine's). A machine that wrote ``left`` is
+    never silent.
     Looks far apart (this launcher was suspended, or could not read the
     store meanwhile) start every count again: nobody was watched.
 
@@ -132,6 +135,8 @@ class Silence:
         []
         >>> silence.look(seat, {0: {"beat": 5}, 2: {"left": True}}, now=6.0)
         [0]
+        >>> silence.look(Seat("r2", 1, 2), {0: None}, now=7.0), silence.look(Seat("r2", 1, 2), {0: None}, now=9.0)
+        ([], [])
     """
 
     def __init__(self, limit: float) -> None:
@@ -158,7 +163,7 @@ class Silence:
             heard = self.heard.get(machine)
             if heard is None or heard[0] != mark:
                 self.heard[machine] = (mark, now)
-            elif now - heard[1] >= self.limit:
+            elif now - heard[1] >= (self.limit if mark is not None else 2 * self.limit):
                 silent.append(machine)
         return silent
 
@@ -230,16 +235,27 @@ class PeerWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(self.io_timeout + self.every)
+        if self._thread.is_alive():  # a thread blocked on a store that does not answer is not waited for
+            self._thread.join(0.5)
 
     def leave(self) -> None:
-        """This machine's processes are done: say so (the others do not wait for its heartbeat), and stop."""
+        """This machine's processes are done: say so (the others do not wait for its heartbeat), and stop.
+
+        The store is given `io_timeout` seconds (a store that does not answer
+        is left behind: the launcher does not wait for it).
+        """
         self.stop()
-        if self.seat is None:
+        seat = self.seat
+        if seat is None:
             return
-        with contextlib.suppress(Exception):  # the store may be gone with the main machine: nobody waits then
-            self._client().set(peer_key(self.seat, self.seat.machine), json.dumps({**self.identity, "left": True}))
+
+        def say() -> None:
+            with contextlib.suppress(Exception):  # the store may be gone with the main machine: nobody waits then
+                self._client().set(peer_key(seat, seat.machine), json.dumps({**self.identity, "left": True}))
+
+        saying = threading.Thread(target=say, name="hasten-peer-leave", daemon=True)
+        saying.start()
+        saying.join(self.io_timeout)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -248,6 +264,8 @@ class PeerWatch:
 
     def _client(self) -> Any:
         if self._store is None:
+            # first a plain connection: torch's client logs every failed connect with its C++ stack, each second
+            socket.create_connection((self.host, self.port), timeout=self.io_timeout).close()
             from torch.distributed import TCPStore
 
             self._store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
@@ -261,7 +279,7 @@ class PeerWatch:
             return
         if seat != self.seat:
             self.seat, self.verdict = seat, None
-        try:
+        try:  # (an operation the store does not answer may block this thread for long: nobody waits for it)
             store = self._client()
             self._beat += 1
             store.set(peer_key(seat, seat.machine), json.dumps({**self.identity, "beat": self._beat}))
