@@ -53,6 +53,9 @@ MARK = "HASTEN_TEST_ELASTIC_MACHINE"  # in each machine's environment, so the te
 ENGINES = ["ddp", "fsdp", "z2"]
 SHRINK_LIMIT = 60.0  # seconds from the kill to the first step on the survivor (the bound)
 SLOW, FAST = "0.4", "0.02"  # seconds a micro-batch: while the test sends signals and restarts; to finish
+# torch's rendezvous settings, shortened for tests: a lost machine's keep-alive expires in 6 s (not 15), and a group
+# waits 5 s for latecomers (not hasten's 10): each shrink costs ~12 s of the suite's time instead of ~25
+RDZV = ("--rdzv_conf", "last_call_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3")
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class ElasticRun:
     shrink_seconds: list[float] = field(default_factory=list)  # each loss -> the first step of the smaller group
     grow_seconds: list[float] = field(default_factory=list)  # each restart -> the first step of the larger group
     logs: dict[str, str] = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)  # a checkpoint's manifest the scenario kept to look at
 
     def pace(self, seconds: str) -> None:
         (self.out / "pace").write_text(seconds)
@@ -199,7 +203,7 @@ def elastic_run(name: str, recipe: Recipe, out: Path, machines: int, *extra: str
         command = [*(prefixes[rank] if prefixes else ()), sys.executable, "-m", "hasten", "launch",
                    "--num_machines", f"1:{recipe.max_processes}", "--num_processes", str(recipe.max_processes),
                    "--machine_rank", str(rank), "--main_process_ip", main_ip, "--main_process_port", str(port),
-                   "--max_restarts", "4", *recipe.launch, *extra, *recipe.script_args(out, SLOW, *script)]
+                   "--max_restarts", "4", *RDZV, *recipe.launch, *extra, *recipe.script_args(out, SLOW, *script)]
         run.machines.append(Machine(command, f"{name}-{rank}-{port}", out / f"machine{rank}.log"))
     try:
         for rank in order or range(machines):
@@ -225,14 +229,14 @@ def stop_and_kill_inside_cycles(name: str, recipe: Recipe, out: Path) -> Elastic
         machine.terminate()
         code = machine.wait(90)  # it saves at the next optimizer step, then every process of it has ended
         assert code != 0, f"{name}: machine 1 exited 0 after SIGTERM:\n{machine.log.read_text()[-3000:]}"
-        run.shrink_seconds.append(run.step_alone(1, stopped, "after the graceful stop"))
+        run.shrink_seconds.append(run.step_alone(1, stopped, "after the graceful stop", count=1))
         restarted = time.time()
         machine.start()
         run.grow_seconds.append(run.step_alone(2, restarted, "after machine 1 came back"))
         wait_for(lambda: inside_a_cycle(out, 2), 120, f"{name}: a moment inside a cycle", run.machines)
         killed = time.time()
         machine.kill()
-        run.shrink_seconds.append(run.step_alone(1, killed, "after the kill"))
+        run.shrink_seconds.append(run.step_alone(1, killed, "after the kill", count=1))
         restarted = time.time()
         machine.start()
         run.grow_seconds.append(run.step_alone(2, restarted, "after machine 1 came back again", count=1))
@@ -284,10 +288,13 @@ def saved_inside_a_cycle_then_resumed_on_fewer(name: str, out: Path) -> ElasticR
         for machine in run.machines:
             assert machine.wait(240) == 0, machine.log.read_text()[-4000:]
     assert (out / "saved_inside").read_text() == "3"
+    newest = max((out / "project" / "checkpoints").glob("checkpoint_*"), key=lambda path: int(path.name.split("_")[1]))
+    manifest = json.loads((newest / "hasten_checkpoint.json").read_text())
     with elastic_run(name, recipe, out, 1, steps=0) as resumed:
         resumed.pace(FAST)
         resumed.finish()
     resumed.logs.update({f"first-{k}": v for k, v in run.logs.items()})
+    resumed.manifest = manifest
     return resumed
 
 
@@ -330,13 +337,13 @@ def ds_config(path: Path, accumulation: int) -> Path:
 def recipes(root: Path) -> dict[str, Recipe]:
     found = {}
     for engine in ENGINES:
-        found[f"{engine}-1"] = Recipe(engine, max_processes=3, accumulation=1, epochs=3)
+        found[f"{engine}-1"] = Recipe(engine, max_processes=3, accumulation=1, epochs=4)
         if engine == "z2":  # the accumulation from the DeepSpeed config file given at launch, not from the script
             config = ds_config(root / "z2-3-ds.json", 3)
-            found["z2-3"] = Recipe("launched", max_processes=2, accumulation=3, epochs=4,
+            found["z2-3"] = Recipe("launched", max_processes=2, accumulation=3, epochs=6,
                                    launch=("--use_deepspeed", "--deepspeed_config_file", str(config)))
         else:
-            found[f"{engine}-3"] = Recipe(engine, max_processes=2, accumulation=3, epochs=4)
+            found[f"{engine}-3"] = Recipe(engine, max_processes=2, accumulation=3, epochs=6)
     return found
 
 
@@ -427,11 +434,9 @@ def assert_reformations_on_the_trackers_step_axis(logs: Path) -> None:
 @pytest.mark.timeout(1300)
 def test_a_checkpoint_the_script_saves_inside_an_accumulation_cycle_resumes_on_another_number_of_processes(runs):
     run, uninterrupted = _result(runs, "inside")
-    checkpoints = sorted((run.out / "project" / "checkpoints").glob("checkpoint_*"), key=lambda p: p.stat().st_mtime)
-    manifest = json.loads(next(p for p in checkpoints if (p / "hasten_checkpoint.json").exists()
-                               and json.loads((p / "hasten_checkpoint.json").read_text())["run"]["optimizer_steps"] == 3)
-                          .joinpath("hasten_checkpoint.json").read_text())
+    manifest = run.manifest  # the checkpoint saved inside the cycle, by 2 processes
     # it holds the state at the start of the step under way: no partial gradients, the accumulation count at 0
+    assert manifest["run"]["optimizer_steps"] == 3 and manifest["num_processes"] == 2, manifest
     assert manifest["step"] == 0 and not [f for f in manifest["files"] if f.startswith("gradients")], manifest
     assert "resumed from" in run.logs["machine0.log"] and "2 -> 1 processes" in run.logs["machine0.log"]
     assert_same_training("inside", run.recipe, run.out, uninterrupted)
