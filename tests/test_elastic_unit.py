@@ -102,6 +102,30 @@ def test_an_elastic_accelerator_steps_as_the_run_at_max_size(monkeypatch):
             optimizer.zero_grad()
     # 8 batches = 2 optimizer steps; each advances the schedule 2 times (the processes at MAX), as Accelerate at 2
     assert scheduler.scheduler.last_epoch == 4
+    # the setter sets the recipe (the accumulation at MAX); this process's share of a step follows
+    accelerator.gradient_accumulation_steps = 3
+    assert accelerator.gradient_accumulation_steps == 6 and accelerator._elastic.accumulation == 3
+
+
+def test_an_elastic_run_refuses_in_one_sentence_the_loader_settings_it_cannot_deal_at_an_uneven_size(monkeypatch):
+    from hasten.data import prepare_data_loader
+    from hasten.process.elastic import ElasticLayout
+
+    uneven = _Run(ElasticLayout(max_processes=3, processes=2, rank=0, accumulation=1))
+    loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2)
+    for settings, named in (({"split_batches": True}, "split_batches=True"),
+                            ({"even_batches": False}, "even_batches=False")):
+        with pytest.raises(ValueError, match=f"which {named} does not allow at 2 of 3 processes"):
+            prepare_data_loader(loader, num_processes=2, process_index=0, elastic=uneven, **settings)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    with pytest.raises(ValueError, match="which an IterableDataset does not allow"):
+        prepare_data_loader(DataLoader(Stream(), batch_size=2), num_processes=2, process_index=0, elastic=uneven)
+    even = _Run(ElasticLayout(max_processes=4, processes=2, rank=0, accumulation=1))  # 2 divides 4: plain sharding
+    assert len(prepare_data_loader(loader, num_processes=2, process_index=0, elastic=even, split_batches=True)) == 4
 
 
 # ---------------------------------------------------------------------------------------------- the re-formation line
