@@ -117,6 +117,11 @@ class Machine:
         if self.process is not None:
             self.process.wait(30)
 
+    def terminate(self) -> None:
+        """SIGTERM to the launcher alone (a person stopping it, a spot machine's notice): it stops its workers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+
     def wait(self, timeout: float) -> int:
         assert self.process is not None
         return self.process.wait(timeout)
@@ -138,6 +143,6 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, machine
     while time.monotonic() < deadline:
         if condition():
             return time.time()
-        time.sleep(0.2)
+        time.sleep(0.05)
     logs = "\n".join(f"--- {m.log.name}:\n{m.log.read_text()[-4000:]}" for m in machines)
     pytest.fail(f"{what} did not happen within {timeout:.0f} s\n{logs}")

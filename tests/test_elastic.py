@@ -30,9 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -43,13 +40,12 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import SCRIPTS, run_with_timeout
-from machines import clean_env, ip, rendezvous_port, two_namespaces
+from machines import Machine, clean_env, ip, kill_marked, rendezvous_port, two_namespaces, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = SCRIPTS / "elastic_train.py"
 SAMPLES, BATCH = 96, 4  # 24 micro-batches an epoch
-MARK = "HASTEN_TEST_ELASTIC_MACHINE"  # in each machine's environment, so the test can kill exactly one machine
 ENGINES = ["ddp", "fsdp", "z2"]
 SHRINK_LIMIT = 60.0  # seconds from the kill to the first step on the survivor (the issue's bound)
 SLOW, FAST = "0.4", "0.02"  # seconds a micro-batch: while the test sends signals and restarts; to finish
@@ -77,46 +73,6 @@ class Recipe:
                 str(self.max_processes), *more]
 
 
-# ---------------------------------------------------------------------------------------------- one machine
-@dataclass
-class Machine:
-    """One `hasten launch` of the elastic run, its output kept in a file."""
-
-    command: list[str]
-    mark: str
-    log: Path
-    process: subprocess.Popen | None = None
-
-    def start(self) -> "Machine":
-        self.process = subprocess.Popen(self.command, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
-                                        env=clean_env(**{MARK: self.mark}), start_new_session=True)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL the launcher and every process it started (workers run in sessions of their own)."""
-        kill_marked(self.mark)
-        if self.process is not None:
-            self.process.wait(30)
-
-    def terminate(self) -> None:
-        """SIGTERM to the launcher alone (a person stopping it, a spot machine's notice): it stops its workers."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-
-    def wait(self, timeout: float) -> int:
-        assert self.process is not None
-        return self.process.wait(timeout)
-
-
-def kill_marked(mark: str) -> None:
-    needle = f"{MARK}={mark}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    os.kill(int(entry.name), signal.SIGKILL)
-
-
 # ---------------------------------------------------------------------------------------------- what they wrote
 def records(out: Path, name: str = "steps") -> list[dict]:
     rows = []
@@ -134,16 +90,6 @@ def counted(out: Path) -> dict[int, list[dict]]:
         by_step.setdefault(row["step"], []).append(row)
     # one execution's records (one per process) are milliseconds apart; a redo comes >= seconds later
     return {step: [r for r in rows if max(x["time"] for x in rows) - r["time"] < 1.0] for step, rows in by_step.items()}
-
-
-def wait_for(condition, timeout: float, what: str, machines: list[Machine]) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return time.time()
-        time.sleep(0.05)
-    logs = "\n".join(f"--- {m.log.name}:\n{m.log.read_text()[-4000:]}" for m in machines)
-    pytest.fail(f"{what} did not happen within {timeout:.0f} s\n{logs}")
 
 
 def steps_at(out: Path, world: int, after: float = 0.0) -> list[dict]:
