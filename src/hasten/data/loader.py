@@ -298,7 +298,7 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
                         self.remainder = position.remainder = final
                 if elastic is not None:
                     position.micro_batch = elastic.at(cursor.yielded)
-                    self._steps_at_handout = state.optimizer_steps
+                    self._steps_at_handout = self._optimizer_steps()
                 cursor.yielded += 1
                 cursor.handed_out += 1
                 yield batch
@@ -323,9 +323,13 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         if not cursor.yielded:  # nothing handed out since a restored position (or the pass's start)
             done, stepped = cursor.pending_skip, True
         else:
-            done, stepped = cursor.yielded, self.gradient_state.optimizer_steps > self._steps_at_handout
+            done, stepped = cursor.yielded, self._optimizer_steps() > self._steps_at_handout
         total = elastic.micro_batches_per_pass()
         return elastic.layout.step_start(done, total, stepped), elastic.batch_size
+
+    def _optimizer_steps(self) -> int:
+        """The prepared optimizers' steps so far (a step after a handed-out batch moves a checkpoint's position on)."""
+        return self.gradient_state.optimizer_steps if self.gradient_state is not None else 0
 
     def batches_to_skip(self, state: dict[str, Any]) -> int:
         """As `LoaderPositionMixin.batches_to_skip`; in an elastic training pass, this process's micro-batches before

@@ -194,7 +194,7 @@ class Strategy:
         return param
 
     # -- the hot path --------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, accumulation_steps: float = 1, **kwargs: Any) -> None:
         """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
         if accumulation_steps > 1:
             loss = loss / accumulation_steps

@@ -293,7 +293,7 @@ class DeepSpeedStrategy(Strategy):
             raise RuntimeError("the DeepSpeed engine does not exist yet; pass the model and optimizer to accelerator.prepare first.")
         return self.engine
 
-    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, accumulation_steps: float = 1, **kwargs: Any) -> None:
         """Boundary from `sync_gradients`, then `engine.backward` (it divides by its accumulation) and `engine.step`."""
         engine = self._engine_for()
         if self.elastic_batch is not None:  # the engine divides by its accumulation; the micro-batch counts P / M
