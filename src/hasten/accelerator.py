@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .checkpointing.project import ProjectConfiguration
+from .facade.accumulation import decide_accumulation
 from .facade.checkpoints import CheckpointPart
 from .facade.preparing import PreparePart, make_dynamo_plugin
 from .facade.processes import ProcessPart
@@ -53,7 +54,6 @@ from .runtime.accelerator_state import AcceleratorState, activate_deepspeed_plug
 from .strategies.select import select_strategy
 
 if TYPE_CHECKING:
-    from .facade.elastic import ElasticRun
     from .strategies.deepspeed.plugin import DeepSpeedPlugin
     from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from .strategies.parallel.mesh import ParallelismConfig
@@ -169,19 +169,6 @@ class _Handlers:
                    profile=found.get(ProfileKwargs), autocast=found.get(AutocastKwargs), fp8_recipes=recipes)
 
 
-def _accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int | None,
-                         spec: LaunchSpec) -> tuple[GradientAccumulationPlugin, bool]:
-    """The accumulation plugin (argument, else launch spec, else 1 step), and whether the user chose it."""
-    given = not (plugin is None and steps is None and spec.gradient_accumulation_steps is None)
-    if plugin is not None and steps is not None:
-        raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
-    if plugin is None:
-        plugin = GradientAccumulationPlugin(num_steps=_first_given(steps, spec.gradient_accumulation_steps, 1))
-    if plugin.num_steps is not None and (not isinstance(plugin.num_steps, int) or plugin.num_steps < 1):
-        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {plugin.num_steps!r}.")
-    return plugin, given
-
-
 class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, RuntimePart):
     """Run one training loop on 1 or N processes, on CPU or GPUs, in any precision.
 
@@ -249,16 +236,10 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             self.project_configuration.set_directories(project_dir)
         self._init_tracking(log_with)
         # Gradient accumulation: one state per process, shared with every GradientState().
-        plugin, accumulation_given = _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps, spec)
-        # An elastic launch (--num_machines MIN:MAX) keeps the global batch of MAX at any size (facade/elastic.py):
-        # decided here, once, from the arguments, the launch spec and a DeepSpeed config, before any engine exists.
-        self._elastic: ElasticRun | None = None
-        elastic_batch = None
-        if spec.elastic is not None:
-            from .facade.elastic import elastic_run
-
-            plugin, self._elastic, elastic_batch = elastic_run(spec, self.state.num_processes, self.state.process_index,
-                                                               plugin, accumulation_given, deepspeed_plugin)
+        # The global batch, decided once (facade/accumulation.py): an elastic launch keeps the one of MAX at any size.
+        plugin, accumulation_given, self._elastic, elastic_batch = decide_accumulation(
+            gradient_accumulation_plugin, gradient_accumulation_steps, spec, world=self.state.num_processes,
+            rank=self.state.process_index, deepspeed_plugin=deepspeed_plugin)
         self.gradient_state = GradientState(plugin)
         self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
