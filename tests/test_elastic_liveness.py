@@ -132,7 +132,7 @@ def test_two_launchers_watch_each_other_through_the_store_a_silent_one_is_named_
         time.sleep(0.1)
     found = time.monotonic() - silent_since
     assert len(lines) == 1 and lines[0].startswith("machine node-1/1 of the elastic run showed no sign of life"), lines
-    assert 0.9 <= found <= 1.6, found
+    assert 0.8 <= found <= 3.0, found  # the limit, and a look or two of a loaded host
     for _ in range(15):  # once per round
         main.look()
         time.sleep(0.1)
