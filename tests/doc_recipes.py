@@ -43,8 +43,10 @@ def recipe_names(page: Path) -> list[str]:
 
 def launch_commands(page: Path) -> list[str]:
     """Every `hasten launch` command line of `page`, whitespace normalised: the code spans that hold one, and the
-    lines of fenced blocks that start with one (backslash continuations joined, a trailing ``# comment`` cut).
-    Commands inside another command (``srun bash -c 'exec hasten launch ...'``) are recipes: see `recipe`."""
+    lines of fenced blocks that start with one (backslash continuations joined, a trailing ``# comment`` cut). A
+    command line names what it runs (a ``.py`` file or ``-m module``); a span without one mentions a flag
+    (``hasten launch --max_restarts N``). Commands inside another command (``srun bash -c 'exec hasten launch
+    ...'``) are recipes: see `recipe`."""
     text = page.read_text()
     blocks = re.findall(r"^```[a-z]*\n(.*?)\n```", text, re.DOTALL | re.MULTILINE)
     prose = re.sub(r"^```[a-z]*\n.*?\n```", "", text, flags=re.DOTALL | re.MULTILINE)
@@ -54,7 +56,8 @@ def launch_commands(page: Path) -> list[str]:
             line = re.sub(r"\s+#.*$", "", line).strip()
             if line.startswith("hasten launch "):
                 found.append(line)
-    return [" ".join(command.split()) for command in found]
+    commands = [command.split() for command in found]
+    return [" ".join(words) for words in commands if "-m" in words or any(w.endswith(".py") for w in words)]
 
 
 def sbatch_options(script: str) -> dict[str, str]:
