@@ -51,8 +51,12 @@ def _fresh_shared_state():
     """
     yield
     from hasten.runtime.gradient_state import GradientState
+    from hasten.runtime.state import _partial_facts
 
     GradientState._reset_state()
+    # what the test's Accelerator told PartialState (as Accelerate's, it outlives the Accelerator): a later test's
+    # PartialState() would read a DeepSpeed run's type (prepare_data_loader on a mesh reads DeepSpeed's rule then)
+    _partial_facts.pop("distributed_type", None)
     # Accelerate's own state too, where a differential test ran the real package in this process: its next
     # Accelerator (another test's, with another mixed_precision) would be refused as a change of a set-up state.
     peer = sys.modules.get("accelerate.state")
