@@ -3,8 +3,8 @@
 "Machines" on this host are `hasten launch --num_machines MIN:MAX` commands (one worker each) sharing a c10d
 endpoint on 127.0.0.1; they run `scripts/elastic_train.py`, an ordinary script (`load_state()` at the start,
 hasten's periodic checkpoints every 2 optimizer steps) whose micro-batches are paced so that a signal lands inside
-an accumulation cycle. Each run is compared with an uninterrupted run of the same recipe (the script on MAX
-processes of one plain launch):
+an accumulation cycle. Each run is compared with the uninterrupted run of its recipe (the script on MAX processes of
+one plain launch, under DDP: every engine trains the same numbers):
 - every sample of every epoch is used exactly once in the steps that count (a step redone after a loss counts in
   its last execution);
 - the learning rate of every optimizer step is the uninterrupted run's;
@@ -33,7 +33,8 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ SCRIPT = SCRIPTS / "elastic_train.py"
 SAMPLES, BATCH = 96, 4  # 24 micro-batches an epoch
 ENGINES = ["ddp", "fsdp", "z2"]
 SHRINK_LIMIT = 60.0  # seconds from the kill to the first step on the survivor (the issue's bound)
-SLOW, FAST = "0.4", "0.02"  # seconds a micro-batch: while the test sends signals and restarts; to finish
+SLOW, FAST = "0.3", "0.02"  # seconds a micro-batch: while the test sends signals and restarts; to finish
 # torch's rendezvous settings, shortened for tests: a lost machine's keep-alive expires in 6 s (not 15), and a group
 # waits 5 s for latecomers (not hasten's 10): each shrink costs ~12 s of the suite's time instead of ~25
 RDZV = ("--rdzv_conf", "last_call_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3")
@@ -193,7 +194,7 @@ def stop_and_kill_inside_cycles(name: str, recipe: Recipe, out: Path) -> Elastic
 def three_machines(name: str, out: Path) -> ElasticRun:
     """`1:3`, one process each, machines 1 and 2 started first: lose one (two processes hold the batch of three),
     lose another, then both come back; the run finishes on three."""
-    recipe = Recipe("ddp", max_processes=3, epochs=4)
+    recipe = THREE_OF_ONE
     with elastic_run(name, recipe, out, 3, order=(1, 2, 0)) as run:
         for lost, world in ((2, 2), (1, 1)):
             killed = time.time()
@@ -210,7 +211,7 @@ def three_machines(name: str, out: Path) -> ElasticRun:
 def returns_mid_reformation_then_lost_again(name: str, out: Path) -> ElasticRun:
     """DDP: machine 1 is killed, started again while machine 0 is still re-forming the group, killed again once the
     group has two machines again; the run finishes on machine 0 alone."""
-    with elastic_run(name, Recipe("ddp"), out, 2) as run:
+    with elastic_run(name, TWO_OF_THREE, out, 2) as run:
         killed = time.time()
         run.machines[1].kill()
         time.sleep(3.0)  # the survivor's collective has failed; its agent is re-forming the group
@@ -228,7 +229,7 @@ def saved_inside_a_cycle_then_resumed_on_fewer(name: str, out: Path) -> ElasticR
     """Two machines: the script itself calls save_state() inside an accumulation cycle (after 2 of a step's 3
     micro-batches on each process) and ends there; machine 0 alone (another run, another rendezvous) resumes from that
     checkpoint on one process (6 micro-batches a step) and finishes."""
-    recipe = Recipe("ddp", max_processes=2, accumulation=3, epochs=2)
+    recipe = TWO_OF_THREE
     with elastic_run(name, recipe, out, 2, steps=0, script=("3",)) as run:
         run.pace(FAST)
         for machine in run.machines:
@@ -280,16 +281,23 @@ def ds_config(path: Path, accumulation: int) -> Path:
     return path
 
 
+# The two recipes of the runs, each with one uninterrupted run under DDP that every engine is compared with (the engines
+# train the same numbers: tests/test_fsdp.py and tests/test_deepspeed.py check that on their own): 3 processes at MAX
+# with the script's accumulation 1, and 2 processes at MAX with accumulation 3.
+THREE_OF_ONE = Recipe("ddp", max_processes=3, accumulation=1, epochs=4)
+TWO_OF_THREE = Recipe("ddp", max_processes=2, accumulation=3, epochs=6)
+
+
 def recipes(root: Path) -> dict[str, Recipe]:
     found = {}
     for engine in ENGINES:
-        found[f"{engine}-1"] = Recipe(engine, max_processes=3, accumulation=1, epochs=4)
+        found[f"{engine}-1"] = replace(THREE_OF_ONE, engine=engine)
         if engine == "z2":  # the accumulation from the DeepSpeed config file given at launch, not from the script
             config = ds_config(root / "z2-3-ds.json", 3)
-            found["z2-3"] = Recipe("launched", max_processes=2, accumulation=3, epochs=6,
-                                   launch=("--use_deepspeed", "--deepspeed_config_file", str(config)))
+            found["z2-3"] = replace(TWO_OF_THREE, engine="launched",
+                                    launch=("--use_deepspeed", "--deepspeed_config_file", str(config)))
         else:
-            found[f"{engine}-3"] = Recipe(engine, max_processes=2, accumulation=3, epochs=6)
+            found[f"{engine}-3"] = replace(TWO_OF_THREE, engine=engine)
     return found
 
 
@@ -302,29 +310,29 @@ def runs(tmp_path_factory):
     results: dict[str, object] = {}
     plans = recipes(root)
 
-    def run(name: str) -> None:
-        try:
-            if name == "twice":
-                results[name] = (returns_mid_reformation_then_lost_again(name, root / name),
-                                 reference(Recipe("ddp"), root / f"{name}-ref"))
-            elif name == "inside":
-                results[name] = (saved_inside_a_cycle_then_resumed_on_fewer(name, root / name),
-                                 reference(Recipe("ddp", accumulation=3, epochs=2), root / f"{name}-ref"))
-            elif name == "three":
-                results[name] = (three_machines(name, root / name),
-                                 reference(Recipe("ddp", max_processes=3, epochs=4), root / f"{name}-ref"))
-            else:
-                results[name] = (stop_and_kill_inside_cycles(name, plans[name], root / name),
-                                 reference(plans[name], root / f"{name}-ref"))
-        except BaseException as error:  # noqa: BLE001 - reported by the scenario's test
-            results[name] = error
+    with ThreadPoolExecutor(2) as pool:  # the uninterrupted runs, while the elastic ones start beside them
+        uninterrupted = {recipe: pool.submit(reference, recipe, root / f"uninterrupted-{recipe.max_processes}")
+                         for recipe in (THREE_OF_ONE, TWO_OF_THREE)}
+        scenarios = {"three": lambda out: three_machines("three", out),
+                     "twice": lambda out: returns_mid_reformation_then_lost_again("twice", out),
+                     "inside": lambda out: saved_inside_a_cycle_then_resumed_on_fewer("inside", out),
+                     **{name: (lambda out, name=name: stop_and_kill_inside_cycles(name, plans[name], out))
+                        for name in plans}}
 
-    threads = [threading.Thread(target=run, args=(name,)) for name in [*plans, "three", "twice", "inside"]]
-    for thread in threads:
-        thread.start()
-        time.sleep(3.0)  # staggered: launches importing torch at once slow each other's first steps
-    for thread in threads:
-        thread.join(1200)
+        def run(name: str) -> None:
+            try:
+                scenario = scenarios[name](root / name)
+                recipe = THREE_OF_ONE if scenario.recipe.max_processes == 3 else TWO_OF_THREE
+                results[name] = (scenario, uninterrupted[recipe].result())
+            except BaseException as error:  # noqa: BLE001 - reported by the scenario's test
+                results[name] = error
+
+        threads = [threading.Thread(target=run, args=(name,)) for name in scenarios]
+        for thread in threads:
+            thread.start()
+            time.sleep(3.0)  # staggered: launches importing torch at once slow each other's first steps
+        for thread in threads:
+            thread.join(1200)
     return results
 
 
