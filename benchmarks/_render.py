@@ -63,6 +63,10 @@ def once(text: str) -> tuple[str, int]:
 # the formatting helpers (f, verdict, table) live in _tables.py, shared with _render_elastic.py
 
 
+def _engine_and_accumulation(record: dict) -> str:
+    return f"{record['engine']} x{record.get('accumulation', 1)}"
+
+
 def by(records: list[dict], section: str) -> list[dict]:
     return [r for r in records if r["section"] == section]
 
@@ -182,7 +186,8 @@ def render(records: list[dict], quick: bool) -> str:
     if elastic:
         worst = max(r["shrink_s"] for r in elastic)
         rows.append(["elastic run: SIGKILL of a machine → first step on the survivor, every engine measured "
-                     f"({', '.join(r['engine'] for r in elastic)})", "≤ 60 s", f"{worst:.1f} s (the slowest median)",
+                     f"({', '.join(_engine_and_accumulation(r) for r in elastic)})", "≤ 60 s",
+                     f"{worst:.1f} s (the slowest median)",
                      verdict(worst <= 60 and all(r["finished"] for r in elastic))])
     periodic = next((r for r in by(records, "elastic") if r["name"] == "periodic checkpoint cost" and "ratio" in r), None)
     if periodic:

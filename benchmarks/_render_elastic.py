@@ -11,20 +11,38 @@ def elastic_section(records: list[dict]) -> list[str]:
         return []
     lines = ["## Elastic runs", "",
              ("Two \"machines\" on this host (two `hasten launch --num_machines 1:2` commands, one process each, a "
-              "c10d endpoint on 127.0.0.1) train `tests/scripts/elastic_train.py` (`benchmarks/elastic.py`). *Shrink*: "
-              "from the SIGKILL of machine 1's launcher and worker to the first optimizer step on machine 0 alone "
-              "(gloo fails the pending collective at once; the lost machine's rendezvous heartbeats expire in 15 s; "
-              "the survivor waits 10 s for latecomers; the script starts and loads the newest checkpoint). *Grow*: "
-              "from starting machine 1's command again to the first step on two machines (the group saves on its way "
-              "out, so nothing is redone). The peers have no elastic mode: a run of Accelerate or Fabric that loses a "
+              "c10d endpoint on 127.0.0.1, the default rendezvous settings) train `tests/scripts/elastic_train.py` "
+              "with the script's gradient accumulation 1 and 3 (`benchmarks/elastic.py`). *Shrink*: from the SIGKILL "
+              "of machine 1's launcher and worker to the first optimizer step on machine 0 alone (gloo fails the "
+              "pending collective at once; the lost machine's rendezvous heartbeats expire in 15 s; the survivor waits "
+              "10 s for latecomers; the script starts and loads the newest checkpoint). *Grow*: from starting machine "
+              "1's command again to the first step on two machines (the group saves right after an optimizer step on "
+              "its way out, so nothing is redone). *Final parameters*: each run's, against the uninterrupted run's "
+              "(the same script on 2 processes of one launch), the largest difference relative to a tensor's largest "
+              "value, over the rounds. The peers have no elastic mode: a run of Accelerate or Fabric that loses a "
               "machine ends, and a person starts it again by hand on the machines left (Accelerate refuses another "
               "number of processes at resume)."), ""]
-    rows = [[r["engine"], r["rounds"], f(r.get("shrink_s"), 1, " s"), f(r.get("grow_s"), 1, " s"),
-             ", ".join(map(str, r.get("shrink_all", []))), ", ".join(map(str, r.get("grow_all", []))),
+    rows = [[r["engine"], r.get("accumulation", 1), r["rounds"], f(r.get("shrink_s"), 1, " s"),
+             f(r.get("grow_s"), 1, " s"), ", ".join(map(str, r.get("shrink_all", []))),
+             ", ".join(map(str, r.get("grow_all", []))),
+             "-" if r.get("final_difference") is None else f"{r['final_difference']:.1e}",
              "yes" if r.get("finished") else f"**no** {r.get('errors')}"]
             for r in records if r["name"].startswith("recovery")]
-    lines += table(["engine", "rounds", "shrink (median)", "grow (median)", "shrink, each", "grow, each",
-                    "every run finished"], rows)
+    lines += table(["engine", "accumulation", "rounds", "shrink (median)", "grow (median)", "shrink, each",
+                    "grow, each", "final parameters vs uninterrupted", "every run finished"], rows)
+    speed = next((r for r in records if r["name"] == "weighting cost"), None)
+    if speed and "uneven_vs_even" in speed:
+        lines += ["", ("The cost of the weighting: two processes train a 6M-parameter MLP (one thread each) with the "
+                       "same work per process, 2 micro-batches a step, in rounds that alternate three layouts: 2 "
+                       "processes of a `2:3` range (3 micro-batches a step: one takes 2, the other 1, each weighted "
+                       "P / M), 2 of a `2:4` range (2 each) and a plain 2-process launch with accumulation 2. Steps/s "
+                       f"against the `2:4` range, median over rounds: uneven **{f(speed['uneven_vs_even'], 3)}** "
+                       f"(each: {', '.join(f(x, 3) for x in speed['uneven_all'])}), plain "
+                       f"{f(speed['plain_vs_even'], 3)} (each: {', '.join(f(x, 3) for x in speed['plain_all'])}); "
+                       f"a step of the `2:4` range took {f(speed['step_s']['even'] * 1000, 0)} ms. At the uneven size "
+                       "a step holds 3 micro-batches instead of 4, so its samples/s are "
+                       f"{f(speed['uneven_samples_vs_even'], 3)} of the even size's: the process that takes one fewer "
+                       "waits for the other.")]
     cost = next((r for r in records if r["name"] == "periodic checkpoint cost"), None)
     if cost and "ratio" in cost:
         lines += ["", (f"Periodic checkpoints (`ProjectConfiguration(save_every_n_steps=20)`, asynchronous) in a "

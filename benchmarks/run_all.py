@@ -46,7 +46,7 @@ BENCHMARKS = [
     ("faults.py", 1800, 900, None),
     ("compile.py", 1800, 600, None),
     ("fp8.py", 1800, 600, "torchao"),
-    ("elastic.py", 2400, 900, None),
+    ("elastic.py", 3600, 1200, None),
 ]
 from _chart import chart  # noqa: E402
 from _render import PEERS, once, render  # noqa: E402

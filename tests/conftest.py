@@ -16,6 +16,19 @@ import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
+# The longest files, first: the test command's two workers (pytest-xdist, --dist loadfile) take whole files in the
+# order collected, and a long file taken last would leave one core idle while it runs, at the end of the suite.
+LONGEST_FIRST = ("test_elastic.py", "test_doc_commands.py", "parity/test_trainer.py", "parity/test_clients.py",
+                 "test_checkpoint_accelerate.py", "test_elastic_liveness.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def place(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)), len(LONGEST_FIRST))
+
+    items.sort(key=place)  # (stable: the other files, and the tests in a file, keep their order)
+
 # The fp16 code paths (autocast, GradScaler, skipped steps) are tested on this GPU-less machine through hasten's
 # opt-in CPU fp16; by default fp16 on the CPU trains in full precision, as under Accelerate (tests/parity unsets it).
 os.environ.setdefault("HASTEN_CPU_FP16", "1")
@@ -51,8 +64,12 @@ def _fresh_shared_state():
     """
     yield
     from hasten.runtime.gradient_state import GradientState
+    from hasten.runtime.state import _partial_facts
 
     GradientState._reset_state()
+    # what the test's Accelerator told PartialState (as Accelerate's, it outlives the Accelerator): a later test's
+    # PartialState() would read a DeepSpeed run's type (prepare_data_loader on a mesh reads DeepSpeed's rule then)
+    _partial_facts.pop("distributed_type", None)
     # Accelerate's own state too, where a differential test ran the real package in this process: its next
     # Accelerator (another test's, with another mixed_precision) would be refused as a change of a set-up state.
     peer = sys.modules.get("accelerate.state")

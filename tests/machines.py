@@ -1,5 +1,6 @@
-"""Several "machines" on this host, for the multi-machine tests: a clean environment, a rendezvous port, and two
-network namespaces joined by a veth pair (separate hosts with their own addresses; removed afterwards)."""
+"""Several "machines" on this host, for the multi-machine tests: a clean environment, a rendezvous port, two
+network namespaces joined by a veth pair (separate hosts with their own addresses; removed afterwards), and one
+machine's `hasten launch` with its output in a file, which a test can SIGKILL with everything it started."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -87,3 +91,58 @@ def two_namespaces(subnet: str = "10.200.7") -> Iterator[dict]:
 
 def ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------- one machine's launch
+MARK = "HASTEN_TEST_ELASTIC_MACHINE"  # in each machine's environment, so a test can kill exactly one machine
+
+
+@dataclass
+class Machine:
+    """One `hasten launch` of a multi-machine run, its output kept in a file."""
+
+    command: list[str]
+    mark: str
+    log: Path
+    process: subprocess.Popen | None = None
+
+    def start(self) -> "Machine":
+        self.process = subprocess.Popen(self.command, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
+                                        env=clean_env(**{MARK: self.mark}), start_new_session=True)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the launcher and every process it started (workers run in sessions of their own)."""
+        kill_marked(self.mark)
+        if self.process is not None:
+            self.process.wait(30)
+
+    def terminate(self) -> None:
+        """SIGTERM to the launcher alone (a person stopping it, a spot machine's notice): it stops its workers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+
+def kill_marked(mark: str) -> None:
+    """SIGKILL every process whose environment carries this machine's mark."""
+    needle = f"{MARK}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, machines: list[Machine]) -> float:
+    """Poll `condition` until it holds (returns the wall time then); fail with the machines' logs after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return time.time()
+        time.sleep(0.05)
+    logs = "\n".join(f"--- {m.log.name}:\n{m.log.read_text()[-4000:]}" for m in machines)
+    pytest.fail(f"{what} did not happen within {timeout:.0f} s\n{logs}")

@@ -1,11 +1,12 @@
 """The multi-node recipes of docs/multi-node.md, run against a simulation of each cluster's environment.
 
-Nothing here starts a real multi-node run. Each test takes a recipe (a
-SLURM batch script, a PyTorchJob manifest, an MPI hostfile and command)
-*from the documentation page itself*, runs it with the variables the
-cluster would set and with fake `srun` / `scontrol` / `mpirun` / `hasten`
-/ `python` commands that only record what they were given, and then
-follows what hasten would do with it:
+Nothing here starts a real multi-node run (tests/test_doc_commands.py runs
+the elastic page's recipes for real). Each test takes a recipe (a SLURM
+batch script, a PyTorchJob manifest, an MPI hostfile and command) *from the
+documentation page itself* (doc_recipes.py reads the pages and holds the
+stand-ins), runs it with the variables the cluster would set and with fake
+`srun` / `scontrol` / `mpirun` / `hasten` / `python` commands that only
+record what they were given, and then follows what hasten would do with it:
 
     recorded `hasten launch` argv  ->  hasten's parser, config, LaunchPlan
     LaunchPlan's torchrun argv     ->  torch's own torchrun parser (with the pod/task environment)
@@ -25,21 +26,19 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import yaml
 
+from doc_recipes import (ELASTIC, MULTI_NODE, RECORDER, SCONTROL, SRUN, expand_nodelist, recipe, sbatch_options,
+                         stand_ins)
 from hasten.cli.launch import build_plan, resolve_config
 from hasten.cli.main import build_parser
 from hasten.process.launch_spec import LaunchSpec
 from hasten.process.topology import ProcessTopology
 from hasten.utils.environment import clear_environment
-
-ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "multi-node.md"
 
 # Variables of a surrounding launcher (or of the machine running the tests) that must not leak into a simulation.
 _FOREIGN = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|ROLE_RANK|MASTER_ADDR|"
@@ -47,86 +46,11 @@ _FOREIGN = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK
                       r"CUDA_VISIBLE_DEVICES|SLURM_.*|SLURMD_.*|OMPI_.*|PMI_.*|PMIX_.*|MPI_.*|MV2_.*|PET_.*)$")
 
 
-# ---------------------------------------------------------------------------- the recipes, from the page
-def recipe(name: str) -> str:
-    """The fenced block that follows ``<!-- recipe: NAME -->`` in docs/multi-node.md."""
-    text = PAGE.read_text()
-    match = re.search(rf"<!-- recipe: {re.escape(name)} -->\s*\n```[a-z]*\n(.*?)\n```", text, re.DOTALL)
-    assert match, f"docs/multi-node.md has no recipe block named {name!r}"
-    return match.group(1) + "\n"
-
-
-def sbatch_options(script: str) -> dict[str, str]:
-    """The ``#SBATCH --key=value`` lines of a batch script."""
-    return dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", script, re.MULTILINE))
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """SLURM's compact host list (``node[001-003,007],login1``) as host names."""
-    hosts = []
-    for prefix, ranges in re.findall(r"([^,\[]+)(?:\[([^\]]+)\])?,?", nodelist):
-        if not ranges:
-            hosts.append(prefix)
-            continue
-        for part in ranges.split(","):
-            first, _, last = part.partition("-")
-            for number in range(int(first), int(last or first) + 1):
-                hosts.append(f"{prefix}{number:0{len(first)}d}")
-    return hosts
-
-
-# ---------------------------------------------------------------------------- fake cluster commands
-_RECORDER = """\
-import json, os, sys
-with open(os.environ["SIM_RECORD"], "a") as out:
-    out.write(json.dumps({"program": os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "env": dict(os.environ)}) + "\\n")
-"""
-
-_SCONTROL = """\
-import re, sys
-assert sys.argv[1:3] == ["show", "hostnames"], sys.argv
-for prefix, ranges in re.findall(r"([^,\\[]+)(?:\\[([^\\]]+)\\])?,?", sys.argv[3]):
-    if not ranges:
-        print(prefix)
-        continue
-    for part in ranges.split(","):
-        first, _, last = part.partition("-")
-        for number in range(int(first), int(last or first) + 1):
-            print(f"{prefix}{number:0{len(first)}d}")
-"""
-
-# srun: run the command once per task, with the variables srun gives each task.
-_SRUN = """\
-import os, subprocess, sys
-args = sys.argv[1:]
-options = []
-while args and args[0].startswith("-"):
-    options.append(args.pop(0))
-hosts = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                       capture_output=True, text=True, check=True).stdout.split()
-per_node = int(os.environ["SLURM_NTASKS_PER_NODE"])
-code = 0
-for node, host in enumerate(hosts):
-    for local in range(per_node):
-        env = dict(os.environ, SLURM_NODEID=str(node), SLURM_PROCID=str(node * per_node + local),
-                   SLURM_LOCALID=str(local), SLURM_STEP_NUM_TASKS=str(len(hosts) * per_node),
-                   SLURM_STEP_NUM_NODES=str(len(hosts)), SLURM_STEP_NODELIST=os.environ["SLURM_JOB_NODELIST"],
-                   SLURMD_NODENAME=host, SLURM_STEP_ID="0", SIM_SRUN_OPTIONS=" ".join(options))
-        code = max(code, subprocess.run(args, env=env).returncode)
-sys.exit(code)
-"""
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> dict[str, Any]:
     """A working directory with train.py and a bin/ of fake cluster commands that record their calls."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in (("hasten", _RECORDER), ("python", _RECORDER), ("scontrol", _SCONTROL), ("srun", _SRUN),
-                       ("mpirun", _RECORDER), ("mpiexec", _RECORDER)):
-        path = bin_dir / name
-        path.write_text(f"#!{sys.executable}\n{body}")
-        path.chmod(0o755)
+    bin_dir = stand_ins(tmp_path / "bin", hasten=RECORDER, python=RECORDER, scontrol=SCONTROL, srun=SRUN,
+                        mpirun=RECORDER, mpiexec=RECORDER)
     (tmp_path / "train.py").write_text("print('training')\n")
     base = {k: v for k, v in os.environ.items() if not _FOREIGN.match(k)}
     base["PATH"] = f"{bin_dir}{os.pathsep}{base.get('PATH', '')}"
@@ -139,7 +63,8 @@ def run_shell(cluster: dict[str, Any], script: str, env: dict[str, str]) -> list
     result = subprocess.run(["bash", "-c", script], cwd=cluster["dir"], env=full_env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, f"recipe failed:\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    return [json.loads(line) for line in cluster["record"].read_text().splitlines()]
+    calls = [json.loads(line) for line in cluster["record"].read_text().splitlines()]
+    return sorted(calls, key=lambda call: int(call["env"].get("SLURM_PROCID", 0)))  # srun's tasks run at once
 
 
 # ---------------------------------------------------------------------------- what hasten and torchrun do with it
@@ -213,9 +138,9 @@ def assert_layout(found: list[ProcessTopology], nodes: int, per_node: int, maste
 
 # ---------------------------------------------------------------------------- SLURM
 def sbatch_env(script: str, job_id: int, nodelist: str) -> dict[str, str]:
-    """What `sbatch` gives the batch script for its #SBATCH options."""
+    """What `sbatch` gives the batch script for its #SBATCH options (``--nodes=MIN-MAX``: MIN nodes)."""
     options = sbatch_options(script)
-    nodes, per_node = int(options["nodes"]), int(options["ntasks-per-node"])
+    nodes, per_node = int(options["nodes"].split("-")[0]), int(options["ntasks-per-node"])
     assert len(expand_nodelist(nodelist)) == nodes
     return {"SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": nodelist, "SLURM_NNODES": str(nodes),
             "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_NTASKS": str(nodes * per_node),
@@ -245,13 +170,18 @@ def test_slurm_sbatch_with_one_hasten_launch_per_node(cluster, offline_network):
     assert_layout(topologies(processes), nodes=2, per_node=4, master="gpu07", port=24242, launcher="torchrun")
 
 
-def test_slurm_recipe_needs_single_quotes_around_the_srun_command(cluster, offline_network):
-    """The pitfall the recipe avoids: in double quotes the batch shell expands $SLURM_NODEID once, for every node."""
-    script = recipe("slurm-launch")
-    command = re.search(r"srun bash -c '(.*)'", script, re.DOTALL).group(1)
+@pytest.mark.parametrize("page, name", [(MULTI_NODE, "slurm-launch"), (ELASTIC, "elastic-slurm")])
+def test_slurm_recipe_needs_single_quotes_around_the_srun_command(cluster, offline_network, page, name):
+    """The pitfall the recipes avoid: in double quotes the batch shell expands $SLURM_NODEID once, for every node.
+    (tests/test_doc_commands.py runs the elastic recipe for real.)"""
+    script = recipe(name, page)
+    command = re.search(r"srun (?:--no-kill )?bash -c '(.*)'", script, re.DOTALL).group(1)
+    env = sbatch_env(script, job_id=7, nodelist="gpu[07-08]")
+    ranks = [hasten_launch(call, cluster["dir"]).machine_rank for call in run_shell(cluster, script, env)]
+    assert ranks == [0, 1], "each node passes its own SLURM_NODEID"
+    cluster["record"].unlink()
     broken = script.replace(f"'{command}'", f'"{command}"')
-    calls = run_shell(cluster, broken, sbatch_env(script, job_id=7, nodelist="gpu[07-08]"))
-    ranks = [hasten_launch(call, cluster["dir"]).machine_rank for call in calls]
+    ranks = [hasten_launch(call, cluster["dir"]).machine_rank for call in run_shell(cluster, broken, env)]
     assert ranks == [0, 0], "both nodes would claim machine rank 0"
 
 

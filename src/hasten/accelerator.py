@@ -24,8 +24,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .checkpointing.project import ProjectConfiguration
+from .facade.accumulation import decide_accumulation
 from .facade.checkpoints import CheckpointPart
-from .facade.elastic import elastic_run
 from .facade.preparing import PreparePart, make_dynamo_plugin
 from .facade.processes import ProcessPart
 from .facade.runtime import RuntimePart
@@ -169,19 +169,6 @@ class _Handlers:
                    profile=found.get(ProfileKwargs), autocast=found.get(AutocastKwargs), fp8_recipes=recipes)
 
 
-def _accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int | None,
-                         spec: LaunchSpec) -> tuple[GradientAccumulationPlugin, bool]:
-    """The accumulation plugin (argument, else launch spec, else 1 step), and whether the user chose it."""
-    given = not (plugin is None and steps is None and spec.gradient_accumulation_steps is None)
-    if plugin is not None and steps is not None:
-        raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
-    if plugin is None:
-        plugin = GradientAccumulationPlugin(num_steps=_first_given(steps, spec.gradient_accumulation_steps, 1))
-    if plugin.num_steps is not None and (not isinstance(plugin.num_steps, int) or plugin.num_steps < 1):
-        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {plugin.num_steps!r}.")
-    return plugin, given
-
-
 class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, RuntimePart):
     """Run one training loop on 1 or N processes, on CPU or GPUs, in any precision.
 
@@ -249,9 +236,10 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             self.project_configuration.set_directories(project_dir)
         self._init_tracking(log_with)
         # Gradient accumulation: one state per process, shared with every GradientState().
-        plugin, accumulation_given = _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps, spec)
-        # An elastic launch (--num_machines MIN:MAX) keeps the global batch of MAX at any size (facade/elastic.py).
-        plugin, self._elastic = elastic_run(spec, self.state.num_processes, plugin)
+        # The global batch, decided once (facade/accumulation.py): an elastic launch keeps the one of MAX at any size.
+        plugin, accumulation_given, self._elastic, elastic_batch = decide_accumulation(
+            gradient_accumulation_plugin, gradient_accumulation_steps, spec, world=self.state.num_processes,
+            rank=self.state.process_index, deepspeed_plugin=deepspeed_plugin)
         self.gradient_state = GradientState(plugin)
         self.gradient_state.step = 0  # the accumulation count is this Accelerator's
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -289,6 +277,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             gradient_state=self.gradient_state,
             sync_each_batch=plugin.sync_each_batch,
             accumulation_given=accumulation_given,
+            elastic_batch=elastic_batch,
         )
         self.precision = self.strategy.precision
         self.scaler = self.precision.scaler
@@ -332,6 +321,9 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
     def gradient_accumulation_steps(self, steps: int) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}.")
+        if self._elastic is not None:  # the recipe at MAX processes: this process's share of a step follows
+            self._elastic.set_accumulation(steps, self.strategy)
+            steps = self._elastic.accumulation_now
         self.gradient_state.num_steps = steps
 
     @property
@@ -348,11 +340,16 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
                 "pass your model and optimizer to accelerator.prepare(...) first."
             )
         self.gradient_state.mark_training()
+        if self._elastic is not None:  # each micro-batch at its weight, and the fillers a short process owes
+            self._elastic.backward(self.strategy, self.gradient_state, loss, **kwargs)
+            return
         self.strategy.backward(loss, self.gradient_state.num_steps, **kwargs)
 
     def _advance_accumulation(self) -> None:
         state = self.gradient_state
-        if state.sync_with_dataloader and state.end_of_dataloader:
+        if self._elastic is not None:  # the micro-batches of a step as the group deals them
+            self._elastic.advance(state)
+        elif state.sync_with_dataloader and state.end_of_dataloader:
             state.step = 0
             state.sync_gradients = True
         else:
@@ -376,7 +373,8 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
             False
         """
         self._advance_accumulation()
-        if self.gradient_state.sync_gradients or not models:
+        # (a process that owes the step a filler pass synchronises in the filler's backward, not in this one)
+        if (self.gradient_state.sync_gradients and not (self._elastic and self._elastic.short_by)) or not models:
             return _SYNC_STEP
         if len(models) == 1:
             return self.strategy.no_sync(models[0])

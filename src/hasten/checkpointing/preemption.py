@@ -82,10 +82,13 @@ class BoundaryWatch:
 
     def __init__(self, save: Callable[[], str], process: "ProcessFacts", preemption: bool, progress_file: str | None,
                  periodic: PeriodicSaves | None = None, save_periodic: Callable[[], Any] | None = None,
-                 count_steps: bool = False) -> None:
+                 count_steps: bool = False, step_boundaries: bool = False) -> None:
         self.save = save
         self.periodic, self.save_periodic = periodic, save_periodic
-        self.counting = count_steps or periodic is not None
+        # an elastic run: the processes agree (and save on a signal) only right after an optimizer step, the one
+        # boundary every process reaches as often whatever share of a step it takes
+        self.step_boundaries = step_boundaries
+        self.counting = count_steps or periodic is not None or step_boundaries
         self.optimizer_steps = 0  # counted while `counting`; a checkpoint restores it (`restore_steps`)
         self._handed = 0  # the training loader's `handed_out` at the last boundary
         self.num_processes = process.world
@@ -132,20 +135,24 @@ class BoundaryWatch:
 
     # -- the hook, at every boundary of a training loader ------------------------------------
     def __call__(self, loader: "PreparedDataLoader") -> None:
-        self.boundaries += 1
         if loader.cursor.yielded:
             self.armed = True
             if self.progress_file is not None:
                 Path(self.progress_file).touch()
                 self.progress_file = None
+        stepped = False
         if self.counting and loader.cursor.handed_out != self._handed:  # a batch was trained on since the last one
             self._handed = loader.cursor.handed_out
             if self._hooked is not None and self._hooked.sync_gradients:
+                stepped = True
                 self.optimizer_steps += 1
                 periodic = self.periodic
                 if periodic is not None and periodic.due(self.optimizer_steps, time.monotonic(),
                                                          alone=self.num_processes == 1 or not self.preemption):
                     self._save_periodically(periodic)
+        if self.step_boundaries and not stepped:
+            return
+        self.boundaries += 1
         if self.preemption:
             if self.num_processes == 1:
                 if self.requested is not None:

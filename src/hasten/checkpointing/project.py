@@ -7,9 +7,12 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, MANIFEST_NAME
-from .periodic import PeriodicSaves
+
+if TYPE_CHECKING:
+    from .periodic import PeriodicSaves
 
 __all__ = ["ProjectConfiguration", "checkpoints_root", "list_checkpoints", "latest_checkpoint", "rotate_checkpoints"]
 
@@ -81,6 +84,8 @@ class ProjectConfiguration:
         """
         if self.save_every_n_steps is None and self.save_every_n_seconds is None:
             return None
+        from .periodic import PeriodicSaves  # loaded by the runs that save periodically
+
         return PeriodicSaves(every_steps=self.save_every_n_steps, every_seconds=self.save_every_n_seconds)
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:

@@ -234,11 +234,12 @@ def _captured(saveset: SaveSet, publisher: bool, weights: list[dict[str, torch.T
         for i, loader in enumerate(saveset.dataloaders):  # Accelerate's file for a torchdata-backed loader
             if loader.use_stateful_dataloader:
                 items.append(("object", indexed_name(LOADER_STATE_NAME, i), take(loader.state_dict())))
-    rng = {**saveset.capture_rng(), "step": saveset.counter.step}  # "step" where Accelerate keeps it
+    rng = {**saveset.capture_rng(), "step": saveset.accumulation_count}  # "step" where Accelerate keeps it
     items.append(("object", f"{RNG_STATE_NAME}_{rank}.pkl", rng))  # captured fresh: nothing to copy
     # Mid-accumulation, the gradients gathered so far are state too (and differ per process).
-    gradients = {f"{i}.{name}": grad for i, model in enumerate(saveset.models)
-                 for name, grad in saveset.engine.model_gradients(model).items()}
+    gradients = {} if saveset.at_step_start else {
+        f"{i}.{name}": grad for i, model in enumerate(saveset.models)
+        for name, grad in saveset.engine.model_gradients(model).items()}
     if gradients:
         items.append(("gradients", f"{GRADIENTS_NAME}_{rank}.safetensors", take(gradients)))
     return items
@@ -342,7 +343,7 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         "iteration": iteration if automatic else None,
         "num_processes": process.world,
         "saved_by": group,
-        "step": saveset.counter.step,
+        "step": saveset.accumulation_count,
         "gradient_accumulation_steps": getattr(saveset.counter, "num_steps", None),
         "contents": {"models": len(models) if sharded else len(weights), "optimizers": len(saveset.optimizers),
                      "schedulers": len(saveset.schedulers), "dataloaders": len(saveset.dataloaders),

@@ -147,6 +147,14 @@ class SaveSet:
     restore_rng: Callable[[dict[str, Any]], None] = restore_rng_state
     # Facts of the run kept in the manifest's "run" entry (optimizer steps, the group that saved): read, never applied
     notes: Callable[[], dict[str, Any]] | None = None
+    # An elastic run: a checkpoint holds the state at the start of the optimizer step under way (no partial gradients,
+    # the accumulation count at 0; its loaders say where that step began), so any group size resumes it exactly.
+    at_step_start: bool = False
+
+    @property
+    def accumulation_count(self) -> int:
+        """The accumulation count a checkpoint keeps (Accelerate's "step")."""
+        return 0 if self.at_step_start else int(self.counter.step)
 
 
 def run_save_hooks(saveset: SaveSet, weights: list[dict[str, Any]], output_dir: str) -> None:

@@ -239,12 +239,18 @@ def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch, in_this_proce
 def deepspeed_runs_itself(config: LaunchConfig) -> bool:
     """DeepSpeed's own launcher starts this run: several machines, and a DeepSpeed launcher other than `standard`.
 
+    An elastic run (`--num_machines MIN:MAX`) is torch's elastic agent's on every machine, whatever the engine:
+    DeepSpeed's launchers start a fixed group.
+
     Example:
         >>> deepspeed_runs_itself(LaunchConfig(use_deepspeed=True, num_machines=2, num_processes=2, main_process_ip="h"))
         True
+        >>> deepspeed_runs_itself(LaunchConfig(use_deepspeed=True, num_machines=2, min_machines=1, num_processes=2,
+        ...                                    main_process_ip="h"))
+        False
     """
     launcher = (config.deepspeed_config or {}).get("deepspeed_multinode_launcher") or "pdsh"
-    return config.use_deepspeed and config.num_machines > 1 and launcher != "standard"
+    return config.use_deepspeed and config.num_machines > 1 and launcher != "standard" and config.min_machines is None
 
 
 def unused_settings(config: LaunchConfig) -> list[tuple[str, str]]:

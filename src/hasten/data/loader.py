@@ -31,6 +31,7 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from ..runtime.collectives import send_to_device
 from ..runtime.gradient_state import GradientState
+from .elastic import ElasticBatchSampler
 from .order import SampleOrder
 # the position half of the loader; DataLoaderStateMixin and LoaderCursor are also importable from here, as before
 from .position import DataLoaderStateMixin, LoaderCursor, LoaderPositionMixin, skip_unread
@@ -153,6 +154,10 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         self._move_batches = device is not None and device.type != "cpu"
         self.end_of_dataloader = False
         self.remainder = -1
+        # an elastic run's dealer of micro-batches (`elastic.py`), and the optimizer steps when it last handed one out
+        batches = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        self._elastic = batches if isinstance(batches, ElasticBatchSampler) else None
+        self._steps_at_handout = 0
         self._built()
 
     def _built(self) -> None:
@@ -270,6 +275,9 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         cursor, state = self.cursor, self.gradient_state
         if state is not None and state.boundary_hook is not None and cursor.training:
             state.boundary_hook(self)  # asked for the first batch: a preemption point
+        elastic = self._elastic
+        if elastic is not None:  # a training pass is dealt in micro-batches, another one sharded plainly
+            elastic.begin_pass(cursor.training)
         skip = cursor.pending_skip + self.skip_batches
         position = self.begin()
         try:
@@ -288,6 +296,9 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
                     final = self.final_remainder()
                     if final is not None:
                         self.remainder = position.remainder = final
+                if elastic is not None:
+                    position.micro_batch = elastic.at(cursor.yielded)
+                    self._steps_at_handout = self._optimizer_steps()
                 cursor.yielded += 1
                 cursor.handed_out += 1
                 yield batch
@@ -296,9 +307,42 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
                     state.boundary_hook(self)  # asked for the next batch: a preemption point
                 current = following
             cursor.epoch, cursor.yielded = cursor.epoch + 1, 0
+            if elastic is not None:
+                elastic.training = None  # the next pass decides its own mode
         finally:  # (a loop that broke off keeps its position for a checkpoint; the next pass starts afresh)
             if state is not None:
                 state.pop(position)
+
+    def _saved_position(self) -> tuple[int, int | None]:
+        """(position, its unit in samples): in an elastic training pass, the micro-batches of the pass before the
+        step under way (a checkpoint inside a step resumes at its start, which any group size can), else this
+        process's batches handed out, in global batches."""
+        elastic, cursor = self._elastic, self.cursor
+        if elastic is None or not elastic.dealt() or elastic.batch_size is None:
+            return super()._saved_position()
+        if not cursor.yielded:  # nothing handed out since a restored position (or the pass's start)
+            done, stepped = cursor.pending_skip, True
+        else:
+            done, stepped = cursor.yielded, self._optimizer_steps() > self._steps_at_handout
+        total = elastic.micro_batches_per_pass()
+        return elastic.layout.step_start(done, total, stepped), elastic.batch_size
+
+    def _optimizer_steps(self) -> int:
+        """The prepared optimizers' steps so far (a step after a handed-out batch moves a checkpoint's position on)."""
+        return self.gradient_state.optimizer_steps if self.gradient_state is not None else 0
+
+    def batches_to_skip(self, state: dict[str, Any]) -> int:
+        """As `LoaderPositionMixin.batches_to_skip`; in an elastic training pass, this process's micro-batches before
+        the saved position (a number of samples into the pass, whatever group saved it)."""
+        elastic, yielded = self._elastic, int(state["yielded"])
+        if elastic is None or not elastic.dealt() or not yielded or elastic.batch_size is None:
+            return super().batches_to_skip(state)
+        samples = yielded * int(state.get("global_batch_size") or 0)
+        if samples % elastic.batch_size:
+            raise ValueError(f"the checkpoint stopped {samples} samples into epoch {state['epoch']}, which is not a whole "
+                             f"number of this run's batches of {elastic.batch_size}; resume with the batch size that "
+                             "saved it, or from a checkpoint saved at an epoch's end.")
+        return elastic.layout.own_before(samples // elastic.batch_size)
 
     def _finish(self, batch: Any, last: bool) -> Any:
         """The batch as the loop gets it (on its device); `last`: no batch follows in this pass."""

@@ -127,14 +127,19 @@ class LoaderPositionMixin:
             >>> loader.position_state()["epoch"], loader.position_state()["yielded"]
             (0, 0)
         """
+        yielded, unit = self._saved_position()
         return {
             "epoch": self.cursor.epoch,
-            # outside a pass, a restored position not yet used is still the position
-            "yielded": self.cursor.yielded or self.cursor.pending_skip,
-            "global_batch_size": self.global_batch_size,
+            "yielded": yielded,
+            "global_batch_size": unit,
             "num_batches": self._full_length() if self._sized() else None,
             "order": None if self.order is None else self.order.state_dict(),
         }
+
+    def _saved_position(self) -> tuple[int, int | None]:
+        """(batches handed out in this pass, the global batch size): outside a pass, a restored position not yet
+        used is still the position."""
+        return self.cursor.yielded or self.cursor.pending_skip, self.global_batch_size
 
     def load_position(self, state: dict[str, Any], restore_position: bool = True) -> None:
         """Restore the shuffle state and epoch; with `restore_position`, the next pass resumes after the saved batch.

@@ -39,6 +39,7 @@ from .loader import PreparedDataLoader, _takes_epoch, get_sampler, loader_kwargs
 from .mesh import mesh_loader_share
 from .order import PERMUTATION_LIMIT, SampleOrder
 from .samplers import SeedableRandomSampler, SeedableSampleOrder
+from .elastic import ElasticBatchSampler, ElasticSource
 from .sharding import IterableDatasetShard, ShardedBatchSampler
 from .skipping import SkipDataLoader
 
@@ -103,6 +104,21 @@ def _sample_order(loader: DataLoader, sampler: Any, sharded: bool, num_processes
     if sharded:
         _rank0_generator(generator, num_processes)
     return SampleOrder(kind="torch", generator=generator, **common)
+
+
+def _check_elastic(dataloader: DataLoader, split_batches: bool, even_batches: bool, dispatch: bool,
+                   elastic: ElasticSource) -> None:
+    """Refuse, in one sentence, a loader setting an elastic run cannot keep the global order of at every size."""
+    if elastic.layout.even:  # every process takes as many batches a step: plain sharding holds the order
+        return
+    what = ("split_batches=True" if split_batches else "even_batches=False" if not even_batches else
+            "an IterableDataset" if isinstance(dataloader.dataset, IterableDataset) else
+            "dispatch_batches=True" if dispatch else None)
+    if what is not None:
+        raise ValueError(f"an elastic run deals each optimizer step's batches over the processes it has, which "
+                         f"{what} does not allow at {elastic.layout.processes} of {elastic.layout.max_processes} "
+                         "processes; use a map-style dataset with a per-process batch size (the defaults), or a "
+                         "machine range whose every size divides the processes at MAX x the accumulation.")
 
 
 def _check_split(dataloader: DataLoader, num_processes: int) -> None:
@@ -170,6 +186,7 @@ def prepare_data_loader(
     *,
     gradient_state: GradientState | None = None,
     keyed_shuffle: bool = False,
+    elastic: ElasticSource | None = None,
 ) -> PreparedDataLoader:
     """Return a loader that yields only this process's share of `dataloader` (on `device` with `put_on_device`).
 
@@ -186,6 +203,10 @@ def prepare_data_loader(
     ``dp_replicate`` x ``dp_shard`` processes, giving the processes of one
     ``tp`` / ``cp`` group the same batches, as Accelerate's does (rules and
     the dispatcher's reading of the mesh: `hasten.data.mesh`).
+
+    In an elastic run the Accelerator passes `elastic` (its `ElasticRun`): a
+    training pass then deals each step's micro-batches over the group as
+    `hasten.data.elastic` says (the run's global order at any size).
 
     Example:
         >>> dl = DataLoader(list(range(8)), batch_size=2)
@@ -215,10 +236,12 @@ def prepare_data_loader(
         _check_split(dataloader, num_processes)
     if gradient_state is None:
         gradient_state = GradientState()
+    if elastic is not None:
+        _check_elastic(dataloader, split_batches, even_batches, dispatch_batches, elastic)
     build = functools.partial(_build, dataloader, device if put_on_device else None, split_batches=split_batches,
                               even_batches=even_batches, gradient_state=gradient_state, rng_types=rng_types,
                               seedable=use_seedable_sampler, data_seed=data_seed, non_blocking=non_blocking,
-                              keyed=keyed_shuffle, stateful=use_stateful_dataloader)
+                              keyed=keyed_shuffle, stateful=use_stateful_dataloader, elastic=elastic)
     if dispatch_batches:  # process 0 reads the whole loader; the dispatcher splits each global batch
         from .dispatch import DispatchedDataLoader
 
@@ -236,13 +259,16 @@ def prepare_data_loader(
 def _build(dataloader: DataLoader, device: torch.device | None, *, num_processes: int, process_index: int,
            split_batches: bool, even_batches: bool, gradient_state: GradientState, rng_types: list[Any] | None,
            seedable: bool, data_seed: int | None, non_blocking: bool, keyed: bool, stateful: bool,
-           make: Callable[..., PreparedDataLoader], dispatch: bool) -> PreparedDataLoader:
+           make: Callable[..., PreparedDataLoader], dispatch: bool,
+           elastic: ElasticSource | None = None) -> PreparedDataLoader:
     """The prepared loader of `num_processes` ranks, made by `make` (PreparedDataLoader or the dispatcher)."""
     common: dict[str, Any] = dict(device=device, gradient_state=gradient_state, source_drop_last=dataloader.drop_last,
                                   non_blocking=non_blocking, use_stateful_dataloader=stateful,
                                   **loader_kwargs(dataloader))
     dataset = dataloader.dataset
     sharded = num_processes > 1 and not dispatch
+    # an elastic run draws its order as its group at MAX does, whatever its size now
+    sharded_order = sharded or (elastic is not None and elastic.layout.max_processes > 1)
     rng_types = [getattr(t, "value", t) for t in rng_types] if rng_types else []
     if isinstance(dataset, IterableDataset):
         return _build_iterable(dataloader, common, num_processes, process_index, split_batches, even_batches, sharded,
@@ -268,23 +294,25 @@ def _build(dataloader: DataLoader, device: torch.device | None, *, num_processes
         # Accelerate's seedable sampler never reaches a BatchSampler given as the sampler on several processes
         # (it is set on the shard, which does not read it): that loader keeps drawing as RandomSampler does.
         seedable_here = seedable and not (sampler_is_batches and sharded)
-        order = _sample_order(dataloader, sampler, sharded and not (seedable and sampler_is_batches), num_processes,
-                              seedable_here, data_seed, keyed)
+        order = _sample_order(dataloader, sampler, sharded_order and not (seedable and sampler_is_batches),
+                              num_processes, seedable_here, data_seed, keyed)
     synchronized = None
     if order is not None:
         batches = BatchSampler(order, batches.batch_size, batches.drop_last)
-    elif sharded and not seedable and getattr(sampler, "generator", False) is None:
+    elif sharded_order and not seedable and getattr(sampler, "generator", False) is None:
         # A custom sampler with a `generator` attribute: Accelerate seeds one and keeps it equal on every process.
         sampler.generator = torch.Generator()
         sampler.generator.manual_seed(_global_draw())
-    if order is None and sharded and not seedable and isinstance(getattr(sampler, "generator", None), torch.Generator):
+    if order is None and sharded_order and not seedable and isinstance(getattr(sampler, "generator", None), torch.Generator):
         synchronized = sampler.generator
     if "generator" in rng_types:
         rng_types.remove("generator")  # the shuffle's generator is already equal on every process (or absent)
         if synchronized is not None:
             rng_types.append("generator")
     inner_batches = batches
-    if sharded:
+    if elastic is not None and even_batches and not split_batches:  # (a group of one too: it pads as MAX does)
+        batches = ElasticBatchSampler(batches, elastic)
+    elif sharded:
         batches = ShardedBatchSampler(batches, num_processes, process_index, split_batches, even_batches)
     size = getattr(inner_batches, "batch_size", None)
     global_batch = None if size is None else (size if split_batches else size * num_processes)

@@ -208,7 +208,15 @@ class ShardedBatchSampler(BatchSampler):
         yield pending[r * size:(r + 1) * size]
 
     def _iter_strided_batches(self, seeked: bool = False) -> Iterator[list[int]]:
-        n, r, size = self.num_processes, self.process_index, self.batch_size
+        r = self.process_index
+        for window in self._windows(self.num_processes, seeked):
+            if r < len(window):  # (a short last window only without even_batches)
+                yield window[r]
+
+    def _windows(self, n: int, seeked: bool = False) -> Iterator[list[list[int]]]:
+        """The inner batches in windows of `n`, as `n` processes take them: the last window completed from the
+        epoch's first samples (even_batches), dropped (drop_last) or left short (neither)."""
+        size = self.batch_size
         chunk: list[list[int]] = []
         # the first batches, to pad the last chunk with (computed when a seek skipped them)
         epoch_start: list[list[int]] = self._epoch_start(n) if seeked else []
@@ -218,21 +226,19 @@ class ShardedBatchSampler(BatchSampler):
                 epoch_start.append(batch)
             chunk.append(batch)
             if len(chunk) == n and (size is None or len(batch) == size):
-                yield chunk[r]
+                yield chunk
                 chunk = []
         if not chunk or self.drop_last:
             return
         if not self.even_batches:
-            if r < len(chunk):
-                yield chunk[r]
+            yield chunk
             return
         if size is None:  # batches of unknown size: pad with whole batches
-            chunk = _cycle_fill(chunk, epoch_start, n - len(chunk))
-            yield chunk[r]
+            yield _cycle_fill(chunk, epoch_start, n - len(chunk))
             return
         flat = [i for b in chunk for i in b]
         flat = _cycle_fill(flat, [i for b in epoch_start for i in b], n * size - len(flat))
-        yield flat[r * size : (r + 1) * size]
+        yield [flat[k * size:(k + 1) * size] for k in range(n)]
 
     def _iter_split(self, seeked: bool = False) -> Iterator[list[int]]:
         n, r, size = self.num_processes, self.process_index, self.batch_size

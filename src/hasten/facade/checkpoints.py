@@ -18,12 +18,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..checkpointing.preemption import PROGRESS_ENV, BoundaryWatch
 from ..core.errors import CheckpointError
-from .elastic import join_elastic_run, report_reformation
 
 if TYPE_CHECKING:
     from .elastic import ElasticRun
+    from ..checkpointing.preemption import BoundaryWatch
     from ..checkpointing.saveset import LoadHook, ProcessFacts, SaveHook, SaveSet
     from ..checkpointing.project import ProjectConfiguration
     from ..data.loader import PreparedDataLoader
@@ -115,6 +114,7 @@ class CheckpointPart:
         # OrderedDict: torch's RemovableHandle keeps a weak reference to it (a plain dict cannot have one)
         self._save_state_pre_hooks: OrderedDict[int, SaveHook] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, LoadHook] = OrderedDict()
+        from ..checkpointing.preemption import PROGRESS_ENV, BoundaryWatch  # (loaded when an Accelerator is made)
         from ..process import watchdog
 
         watchdog.set_progress(_training_progress(weakref.ref(self)))
@@ -124,9 +124,12 @@ class CheckpointPart:
                                              preemption=self.project_configuration.automatic_checkpoint_naming,
                                              progress_file=os.environ.get(PROGRESS_ENV), periodic=periodic,
                                              save_periodic=_SaveState(self, in_background=True) if periodic else None,
-                                             count_steps=self._elastic is not None)
+                                             count_steps=self._elastic is not None,
+                                             step_boundaries=self._elastic is not None)
         self._boundary_watch.install(self.gradient_state)
         if self._elastic is not None:  # (a collective: every process builds its Accelerator)
+            from .elastic import join_elastic_run
+
             join_elastic_run(self._elastic, self._boundary_watch, self.project_configuration.project_dir)
 
     def _process_facts(self) -> ProcessFacts:
@@ -148,6 +151,7 @@ class CheckpointPart:
             load_pre_hooks=list(self._load_state_pre_hooks.values()),
             restore_position=self.dataloader_config.use_stateful_dataloader,
             notes=self._run_notes if self._boundary_watch.counting else None,
+            at_step_start=self._elastic is not None,
         )
 
     def _run_notes(self) -> dict[str, Any]:
@@ -320,6 +324,8 @@ class CheckpointPart:
             notes = read_manifest(Path(path)).get("run") if (Path(path) / MANIFEST_NAME).exists() else None
             self._boundary_watch.restore_steps(int((notes or {}).get("optimizer_steps", 0)))
             if self._elastic is not None:
+                from .elastic import report_reformation
+
                 report_reformation(self, self._elastic, notes, str(path))
         return None if path is None else str(path)
 

@@ -248,6 +248,9 @@ class PreparePart:
         if before:
             self._remap_optimizer_parameters(before, *wrapped, *stepped)
         self._compile_models(wrapped)  # torch.compile in place, when a dynamo backend is set
+        if self._elastic is not None:  # its training passes and filler passes follow these models
+            for model in wrapped:
+                self._elastic.trains(model, self.state.num_processes > 1 and strategy.needs_fillers(model))
         wrapped_iter = iter(wrapped)
         prepared_models = [next(wrapped_iter) if train else strategy.place_module(model, place=False)
                            for model, train in zip(models, trained)]
@@ -377,6 +380,7 @@ class PreparePart:
             keyed_shuffle=self.keyed_shuffle,
             slice_fn_for_dispatch=slice_fn_for_dispatch,
             use_stateful_dataloader=self.use_stateful_dataloader,
+            elastic=self._elastic,
         )
         self._dataloaders.append(prepared)
         self._remember(data_loader, prepared)

@@ -50,18 +50,21 @@ def elastic_spec(plan: Any) -> dict[str, int]:
     Example:
         >>> from hasten.launch.plan import LaunchPlan
         >>> elastic_spec(LaunchPlan(target="t.py", num_processes=4, num_machines=2, min_machines=1))
-        {'min_processes': 2, 'max_processes': 4, 'processes_per_machine': 2, 'liveness_timeout': 45.0}
+        {'min_processes': 2, 'max_processes': 4, 'processes_per_machine': 2}
     """
     per_machine = plan.processes_per_machine
     return {"min_processes": int(plan.min_machines or plan.num_machines) * per_machine,
-            "max_processes": plan.num_processes, "processes_per_machine": per_machine,
-            "liveness_timeout": float(plan.liveness_timeout)}
+            "max_processes": plan.num_processes, "processes_per_machine": per_machine}
 
 
 def elastic_torchrun_argv(plan: Any) -> list[str]:
     """torchrun's arguments for an elastic plan: ``--nnodes MIN:MAX`` on the c10d rendezvous of the main machine."""
     conf = {**RDZV_DEFAULTS, **dict(plan.rdzv_conf or {})}
-    if not is_loopback(plan.master_addr):
+    if is_loopback(plan.master_addr):
+        # several machines of one host (a local test): each would take itself for the host, and the first to bind
+        # would hold the store; machine 0 holds it, whatever order the commands start in (the others wait for it)
+        conf.setdefault("is_host", int(plan.machine_rank == 0))
+    else:
         # torch decides who hosts the store by the hostname's addresses, which need not include the address the
         # run names (several interfaces, a hostname resolving elsewhere): the machine that carries it hosts it
         conf.setdefault("is_host", int(owns_address(plan.master_addr)))

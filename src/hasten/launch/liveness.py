@@ -37,7 +37,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..process.heartbeat import read_heartbeat
 
@@ -231,6 +231,25 @@ class Monitor:
             self.look(time.monotonic())  # processes started since the last look
         self._kill_all()
 
+    def kill_round(self, round_: str, before: Callable[[], None] = lambda: None) -> int:
+        """End this machine's processes of one round of an elastic run (another machine of it went silent), calling
+        `before` first if any is still running; how many were.
+
+        Example:
+            >>> import tempfile
+            >>> Monitor(tempfile.mkdtemp(), limit=45.0, world_size=2).kill_round("10.0.0.1:41234")
+            0
+        """
+        with contextlib.suppress(Exception):
+            self.look(time.monotonic())  # processes started since the last look
+        running = [view for view in list(self.views.values())
+                   if view.record.get("round") == round_ and not view.ended and _proc(view.record["pid"]) is not None]
+        if running:
+            before()
+        for view in running:
+            self._kill(view)
+        return len(running)
+
     def _kill_all(self) -> None:
-        for view in self.views.values():
+        for view in list(self.views.values()):  # (also called from other threads: the store and peer watches)
             self._kill(view)

@@ -184,12 +184,6 @@ class LaunchPlan:
             raise LaunchError(f"--gpu_ids {self.gpu_ids!r} must be 'all' or GPU numbers like 0,1.")
         if self.elastic and self.spec.elastic is None:
             return replace(self, spec=replace(self.spec, elastic=elastic_spec(self))).validate(check_port)
-        sizes = self.spec.elastic_sizes()
-        if sizes is not None and self.spec.gradient_accumulation_steps:  # known here: every size checked before start
-            try:
-                sizes.check(self.spec.gradient_accumulation_steps)
-            except ValueError as error:
-                raise LaunchError(str(error)) from None
         port = self.main_process_port
         if not self.multi_process:
             return self

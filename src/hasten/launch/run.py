@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,8 @@ from .child import run_child
 from .leftovers import empty, owned_directory, shared_directory
 from .guardian import start as guardian_of, stop as stop_guardian
 from .liveness import Monitor
+from .network import is_loopback, local_address_for
+from .peer_watch import PeerWatch
 from .plan import LaunchPlan
 from .worker import AGENT_SIGNALS
 
@@ -216,19 +219,28 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
             cut_off = _store_watch(plan)
             if cut_off is not None:
                 stack.callback(cut_off.stop)
+            peers: PeerWatch | None = None
             try:
                 with _watched(plan, run_dir, f"attempt-{attempt}") as monitor:
                     if cut_off is not None:
                         cut_off.on_lost = functools.partial(_leave_run, monitor, cut_off)
                         cut_off.start()
+                    peers = _peer_watch(plan, monitor)
+                    if peers is not None:
+                        stack.callback(peers.stop)
+                        peers.start()
                     _run_agent(plan, log_dir)
+                    if peers is not None:
+                        peers.leave()  # the others need not wait for this machine's heartbeat any more
             except ChildFailedError as failed:
                 # The agent reports only the failures it saw first; the error files of the attempt hold them all.
                 reported = dict(failed.failures)
                 first_rank = next((r - f.local_rank for r, f in reported.items()), plan.machine_rank * plan.processes_per_machine)
                 failures = all_failures(reported, log_dir, first_rank)
-                code = EXIT_FAILED if monitor.verdict is not None else _exit_code(failures)
-                outcome = Outcome(code, failures=failures, reported=reported, unresponsive=monitor.verdict,
+                # a frozen process (this machine's), else a silent machine (another's) ended the last round
+                verdict = monitor.verdict or (peers.verdict if peers is not None else None)
+                code = EXIT_FAILED if verdict is not None else _exit_code(failures)
+                outcome = Outcome(code, failures=failures, reported=reported, unresponsive=verdict,
                                   frozen=monitor.frozen)
                 if read_preemption_record(record) is None and restarts_left > 0 and os.path.exists(progress):
                     restarts_left -= 1
@@ -237,7 +249,7 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
                                      f"{restarts_left} restart(s) left after it).\n")
                     continue
                 return _preempted_or(outcome.code, record, failures=failures, reported=reported,
-                                     restarts_declined=restarts_left > 0, unresponsive=monitor.verdict,
+                                     restarts_declined=restarts_left > 0, unresponsive=verdict,
                                      frozen=monitor.frozen)
             except SignalException as stopped:  # kept as a number: the exception holds the agent's frames
                 if cut_off is not None and cut_off.verdict is not None:  # the store watch stopped this machine
@@ -256,6 +268,27 @@ def _store_watch(plan: LaunchPlan) -> StoreWatch | None:
     if not plan.elastic or plan.main_process_port is None:
         return None
     return StoreWatch(plan.master_addr, int(plan.main_process_port), plan.liveness_timeout, on_lost=lambda line: None)
+
+
+def _peer_watch(plan: LaunchPlan, monitor: Monitor) -> PeerWatch | None:
+    """An elastic run's heartbeat in the rendezvous store and watch of the other machines (None for other runs)."""
+    if not plan.elastic or plan.main_process_port is None:
+        return None
+    address = None if is_loopback(plan.master_addr) else local_address_for(plan.master_addr)
+    identity = {"name": f"{socket.gethostname()}/{plan.machine_rank}", "address": address}
+    return PeerWatch(plan.master_addr, int(plan.main_process_port), plan.liveness_timeout, monitor.directory,
+                     identity, on_silent=functools.partial(_end_for_silent_peer, monitor))
+
+
+def _end_for_silent_peer(monitor: Monitor, round_: str, line: str) -> bool:
+    """A machine of this round went silent: end this machine's processes of the round (they wait for it, or soon
+    would), so that torch's agent re-forms the group without it, as after any failure; the line says why."""
+    def say() -> None:
+        sys.stderr.write(f"hasten launch: {line}.\n")
+        sys.stderr.flush()
+
+    # none running: they ended already (the lost machine's closed connections failed them), the group re-forms
+    return monitor.kill_round(round_, before=say) > 0
 
 
 def _leave_run(monitor: Monitor, watch: StoreWatch, line: str) -> None:

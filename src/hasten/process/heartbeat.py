@@ -11,7 +11,10 @@ a run whose process has been silent for its limit, naming it.
 The file, ``<HASTEN_HEARTBEAT_DIR>/rank-<R>.json``, holds the rank, pid,
 host, a beat number and where the process waits, as its watchdog last
 published it (`hasten.process.watchdog.published`), so the launcher's
-message can say what the others were waiting in. It is replaced atomically
+message can say what the others were waiting in. Under torch's elastic
+agent it also holds the process's place in the agents' round (`seat`):
+an elastic run's launcher learns from it which round of the group its
+machine is in, and as which machine (`hasten.launch.peer_watch`). It is replaced atomically
 once a second (where it cannot be written, its time is renewed instead):
 nothing runs in the training thread.
 """
@@ -22,12 +25,12 @@ import json
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 from .launch_spec import HEARTBEAT_DIR_ENV
 from . import watchdog
 
-__all__ = ["BEAT_EVERY", "start", "stop", "running", "heartbeat_path", "read_heartbeat"]
+__all__ = ["BEAT_EVERY", "start", "stop", "running", "heartbeat_path", "read_heartbeat", "seat"]
 
 BEAT_EVERY = 1.0  # seconds between two beats
 
@@ -60,6 +63,26 @@ def read_heartbeat(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def seat(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """This process's place in the elastic agents' round, from the variables torch's agent sets (empty elsewhere).
+
+    ``round`` names the round (the address of its process group's store,
+    new in every round), ``machine`` is this machine's place in it and
+    ``machines`` how many machines the round has.
+
+    Example:
+        >>> seat({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "41234", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"})
+        {'round': '10.0.0.1:41234', 'machine': 1, 'machines': 2}
+        >>> seat({})
+        {}
+    """
+    env = os.environ if env is None else env
+    values = [env.get(name, "") for name in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE")]
+    if not all(values) or not all(value.isdigit() for value in values[1:]):
+        return {}
+    return {"round": f"{values[0]}:{values[1]}", "machine": int(values[2]), "machines": int(values[3])}
+
+
 def running() -> bool:
     """Whether this process's heartbeat thread runs."""
     return _thread is not None and _thread.is_alive()
@@ -83,7 +106,7 @@ def start(directory: str | None = None, rank: int | None = None) -> threading.Th
         if not label.isdigit():
             return None
         rank = int(label)
-    identity = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+    identity = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), **seat()}
     try:  # the launcher made the directory; where it cannot be written (another host's ranks) nobody listens
         _beat_once(heartbeat_path(directory, rank), identity, 0)  # the launcher knows the pid from the start
     except OSError:

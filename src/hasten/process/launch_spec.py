@@ -20,9 +20,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .elastic import ElasticSizes
+if TYPE_CHECKING:
+    from .elastic import ElasticSizes
+
 
 __all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MACHINE_ENV", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
            "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
@@ -278,8 +280,8 @@ class LaunchSpec:
     # Restarts of the whole group that `hasten launch` does itself (one machine): done before this attempt, and allowed.
     restart_count: int = 0
     max_restarts: int = 0
-    # `--num_machines MIN:MAX`: {"min_processes", "max_processes", "processes_per_machine"} (`elastic_sizes`) and
-    # the launch's "liveness_timeout" (`collective_timeout`)
+    # `--num_machines MIN:MAX`: {"min_processes", "max_processes", "processes_per_machine"} (`elastic_sizes`); the
+    # process group's timeout is not shortened (hasten.launch.peer_watch finds a lost machine from signs of life)
     elastic: dict | None = None
 
     def __post_init__(self) -> None:
@@ -302,23 +304,10 @@ class LaunchSpec:
         """
         if self.elastic is None:
             return None
+        from .elastic import ElasticSizes  # (loaded by elastic runs only)
+
         return ElasticSizes(**{key: self.elastic[key] for key in ("min_processes", "max_processes",
                                                                    "processes_per_machine") if key in self.elastic})
-
-    def collective_timeout(self) -> float | None:
-        """An elastic run's default process-group timeout, in seconds: the launch's liveness limit (None otherwise).
-
-        A machine that became unreachable (a network partition) leaves the
-        collectives of the others waiting on a connection that never closes;
-        with this limit they fail within it, and the group re-forms without
-        that machine, instead of waiting the default 30 minutes.
-
-        Example:
-            >>> LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "liveness_timeout": 45.0}).collective_timeout()
-            45.0
-        """
-        value = (self.elastic or {}).get("liveness_timeout")
-        return float(value) if value else None
 
     def peer_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables Accelerate's launcher exports, with the same meaning, derived from this spec (the one place).

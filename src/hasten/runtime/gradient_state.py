@@ -27,12 +27,16 @@ class LoaderPosition:
     remainder: int = -1
     cursor: Any = None  # the loader's LoaderCursor (backward marks it as a training loader)
     loader: Any = None  # the prepared loader being iterated (`GradientState.active_dataloader`)
+    # an elastic run's training pass: the batch just handed out as a micro-batch of its step (`MicroBatch`)
+    micro_batch: Any = None
 
 
 _DEFAULTS: dict[str, Any] = {
     "sync_gradients": True,
     "step": 0,
     "plugin_kwargs": {},
+    # optimizer steps the prepared optimizers took (a loader tells a checkpoint taken after a step from one before it)
+    "optimizer_steps": 0,
     # Called by a training loader each time it is asked for a batch (preemption, progress); None = nothing to do.
     "boundary_hook": None,
 }
@@ -66,6 +70,7 @@ class GradientState:
 
     sync_gradients: bool
     step: int
+    optimizer_steps: int
     plugin_kwargs: dict[str, Any]
     boundary_hook: Callable[[Any], None] | None
 
@@ -126,6 +131,11 @@ class GradientState:
         return bool(self._positions)
 
     @property
+    def position(self) -> LoaderPosition | None:
+        """Where the innermost loader being iterated is (None outside a loop)."""
+        return self._positions[-1] if self._positions else None
+
+    @property
     def active_dataloader(self) -> Any:
         """The prepared loader being iterated right now (the innermost one), or None outside a loop.
 
@@ -165,8 +175,9 @@ class GradientState:
         self._positions.append(position)
 
     def pop(self, position: LoaderPosition) -> None:
-        if position in self._positions:
-            self._positions.remove(position)
+        positions = self.__dict__.get("_positions", ())  # (none after `_reset_state`: a pass outlived its state)
+        if position in positions:
+            positions.remove(position)
 
     def _remove_dataloader(self, dataloader: Any) -> None:
         """Forget every pass of `dataloader` (Accelerate's name: a loader's `end()` calls it)."""

@@ -163,6 +163,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._is_overflow = False
             return None
         result, self._is_overflow = self._step(self.optimizer, closure)
+        self.gradient_state.optimizer_steps += 1
         return result
 
 

@@ -90,9 +90,9 @@ class PartialState:
             if self.topology.is_distributed or (spec.elastic is not None and self.topology.launcher == "torchrun"):
                 if self.device.type == "cuda" and not named:
                     torch.cuda.set_device(self.device)
-                elastic = spec.collective_timeout()  # a lost machine must not hold the others for 30 minutes
-                init_process_group(self.topology, wanted,
-                                   timeout or (timedelta(seconds=elastic) if elastic else DEFAULT_TIMEOUT))
+                # The user's timeout, else Accelerate's default, in an elastic run too: a peer that computes for long
+                # is waited for. A lost machine is found from signs of life instead (hasten.launch.peer_watch).
+                init_process_group(self.topology, wanted, timeout or DEFAULT_TIMEOUT)
                 self.backend = wanted
         elif backend is not None and backend != self.backend:
             raise RuntimeError(

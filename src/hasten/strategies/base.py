@@ -251,7 +251,7 @@ class Strategy:
         return param
 
     # -- the hot path --------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, accumulation_steps: float = 1, **kwargs: Any) -> None:
         """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
         if accumulation_steps > 1:
             loss = loss / accumulation_steps
@@ -274,6 +274,25 @@ class Strategy:
 
     def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Context in which the next backward synchronises gradients even inside `no_sync` (nothing to do here)."""
+        return contextlib.nullcontext()
+
+    # -- an elastic run's filler passes (`hasten.facade.elastic`) ---------------------------------
+    def needs_fillers(self, model: nn.Module) -> bool:
+        """Must every process run as many forward and backward passes in a step (the engine communicates in each)?
+
+        An elastic run whose size does not divide a step's micro-batches then
+        gives a process with one micro-batch fewer a zero-weight filler pass.
+        One process needs none.
+        """
+        return False
+
+    def filler_step(self, model: nn.Module, zero_loss: Callable[[], torch.Tensor]) -> None:
+        """A filler pass: the forward `zero_loss` runs, then a backward that synchronises the step's gradients."""
+        with self.sync_on(model):
+            zero_loss().backward()
+
+    def sync_on(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Context in which a forward and backward synchronise gradients, even inside `no_sync`."""
         return contextlib.nullcontext()
 
     def unscale_gradients(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:

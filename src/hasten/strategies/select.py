@@ -32,13 +32,15 @@ def select_strategy(
     gradient_state: AccumulationState | None = None,
     sync_each_batch: bool = False,
     accumulation_given: bool = True,
+    elastic_batch: Any = None,
 ) -> Strategy:
     """Choose the strategy and its precision together, once.
 
     DeepSpeed when a `DeepSpeedPlugin` (or a dict of named ones) is given, FSDP2 for an FSDP plugin or a
     `ParallelismConfig` that shards or splits tensors, else DDP for several
     processes and a single device for one. (The sharded engines are imported
-    only when chosen.)
+    only when chosen.) `elastic_batch` is an elastic run's `ElasticBatch` for DeepSpeed (its engine's accumulation at
+    this size, and the recipe at MAX that the config's numbers describe).
 
     Example:
         >>> strategy = select_strategy(torch.device("cpu"), 1, "bf16")
@@ -52,7 +54,7 @@ def select_strategy(
 
         return DeepSpeedStrategy.create(device, world_size, mixed_precision, deepspeed_plugin,
                                         gradient_state=gradient_state, parallelism_config=parallelism_config,
-                                        accumulation_given=accumulation_given)
+                                        accumulation_given=accumulation_given, elastic_batch=elastic_batch)
     if parallelism_config is not None and getattr(parallelism_config, "sp_size", 1) > 1:
         raise ValueError(f"ParallelismConfig(sp_size={parallelism_config.sp_size}) is DeepSpeed's Ulysses sequence "
                          "parallelism; pass deepspeed_plugin=DeepSpeedPlugin(...) (or launch with --use_deepspeed).")

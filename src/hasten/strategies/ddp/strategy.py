@@ -60,6 +60,24 @@ class DDPStrategy(Strategy):
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 
+    def needs_fillers(self, model: nn.Module) -> bool:
+        """DDP communicates only in the synchronising backward (the one collective every process runs once a step),
+        unless it synchronises every batch."""
+        return self.sync_each_batch
+
+    @contextlib.contextmanager
+    def sync_on(self, model: nn.Module) -> Iterator[None]:
+        """Inside `no_sync`, a forward and backward that synchronise (the forward prepares DDP's reduction)."""
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        old = model.require_backward_grad_sync
+        model.require_backward_grad_sync = True
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync = old
+
     @contextlib.contextmanager
     def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
         """Turn DDP's gradient sync back on for the next backward, even inside `no_sync`."""

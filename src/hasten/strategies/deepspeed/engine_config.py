@@ -16,12 +16,12 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ...core.errors import DeepSpeedConfigError
 from .config import HfDeepSpeedConfig, auto_keys
 
-__all__ = ["engine_config", "engine_dtype", "conflict"]
+__all__ = ["engine_config", "engine_dtype", "conflict", "ElasticBatch", "recipe_accumulation"]
 
 
 class PluginView(Protocol):
@@ -32,6 +32,46 @@ class PluginView(Protocol):
     zero3_save_16bit_model: Any
 
     def check_mixed_precision(self, mixed_precision: str) -> None: ...
+
+    def resolve_accumulation(self, accelerator_steps: int, given: bool = True) -> int: ...
+
+
+class ElasticBatch(NamedTuple):
+    """An elastic run's batch for one engine: the engine's accumulation at this size (the most micro-batches a
+    process takes in a step: a filler pass makes up one fewer), and the recipe at MAX processes that the config's
+    own numbers must describe."""
+
+    engine_accumulation: int
+    recipe_accumulation: int
+    max_processes: int
+
+
+def recipe_accumulation(plugin: PluginView, accelerator_steps: int, given: bool, max_processes: int) -> int:
+    """An elastic run's accumulation at MAX processes where the DeepSpeed config decides it: its
+    ``gradient_accumulation_steps``, else ``train_batch_size / (train_micro_batch_size_per_gpu x MAX)``, else the
+    Accelerator's (`accelerator_steps`; `given`: set explicitly, which a number in the config must equal).
+
+    Example:
+        >>> from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
+        >>> plugin = DeepSpeedPlugin(hf_ds_config={"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4,
+        ...                                        "zero_optimization": {"stage": 2}})
+        >>> recipe_accumulation(plugin, 1, given=False, max_processes=2)
+        3
+    """
+    config = HfDeepSpeedConfig(plugin.deepspeed_config)
+    gas, total = config.get_value("gradient_accumulation_steps"), config.get_value("train_batch_size")
+    if getattr(plugin, "_accumulation_implied", False):  # the 1 written for a file that gave none
+        gas = None
+    if given or gas not in (None, "auto") or total in (None, "auto"):
+        return plugin.resolve_accumulation(accelerator_steps, given=given)
+    micro = config.get_value("train_micro_batch_size_per_gpu")
+    if micro in (None, "auto") or int(total) % (int(micro) * max_processes):
+        raise DeepSpeedConfigError(
+            f"the DeepSpeed config sets train_batch_size={total} for this elastic run without a gradient_accumulation_"
+            f"steps it can be read from at {max_processes} processes (train_micro_batch_size_per_gpu={micro!r}); set "
+            "gradient_accumulation_steps in the config (or give it to the Accelerator) and train_batch_size to "
+            "\"auto\".")
+    return plugin.resolve_accumulation(int(total) // (int(micro) * max_processes), given=True)
 
 
 def engine_dtype(mixed_precision: str) -> str:
@@ -57,7 +97,7 @@ def conflict(what: str, file_value: Any, ours: str, our_value: Any, fix: str) ->
 
 def engine_config(plugin: PluginView, *, world_size: int, mixed_precision: str, device_type: str,
                   micro_batch_size: int | None, client_optimizer: bool | None, optimizer: Any = None,
-                  scheduler: Any = None) -> dict[str, Any]:
+                  scheduler: Any = None, elastic: ElasticBatch | None = None) -> dict[str, Any]:
     """`plugin`'s config filled for one engine (see `DeepSpeedPlugin.build_engine_config`).
 
     Example:
@@ -74,7 +114,7 @@ def engine_config(plugin: PluginView, *, world_size: int, mixed_precision: str, 
     gas = int(gas)
     for dtype in ("fp16", "bf16"):
         config.set_value(f"{dtype}.enabled", engine_dtype(mixed_precision) == dtype)
-    _fill_batch_sizes(config, world_size, gas, micro_batch_size)
+    _fill_batch_sizes(config, world_size, gas, micro_batch_size, elastic)
     if config.is_auto("gradient_clipping"):
         clip = plugin.gradient_clipping
         config.set_value("gradient_clipping", float(clip) if clip not in (None, "auto") else 1.0)
@@ -110,7 +150,8 @@ def _finish(config: HfDeepSpeedConfig) -> dict[str, Any]:
     return config.config
 
 
-def _fill_batch_sizes(config: HfDeepSpeedConfig, world_size: int, gas: int, micro: int | None) -> None:
+def _fill_batch_sizes(config: HfDeepSpeedConfig, world_size: int, gas: int, micro: int | None,
+                      elastic: ElasticBatch | None = None) -> None:
     file_micro = config.get_value("train_micro_batch_size_per_gpu")
     if file_micro in (None, "auto"):
         file_micro = None
@@ -120,11 +161,17 @@ def _fill_batch_sizes(config: HfDeepSpeedConfig, world_size: int, gas: int, micr
     # DeepSpeed only logs and counts samples with it; the training math does not depend on it.
     micro = micro if micro is not None else (int(file_micro) if file_micro is not None else 1)
     config.set_value("train_micro_batch_size_per_gpu", micro)
-    total = micro * gas * world_size
+    # the config's numbers describe the recipe: at MAX processes in an elastic run
+    recipe_gas, recipe_world = (elastic.recipe_accumulation, elastic.max_processes) if elastic else (gas, world_size)
+    total = micro * recipe_gas * recipe_world
     file_total = config.get_value("train_batch_size")
     if file_total not in (None, "auto") and int(file_total) != total:
         raise conflict("train_batch_size", file_total, "micro batch x accumulation steps x processes",
-                       f"{micro} x {gas} x {world_size} = {total}", "set train_batch_size to \"auto\" in the DeepSpeed config")
+                       f"{micro} x {recipe_gas} x {recipe_world} = {total}",
+                       "set train_batch_size to \"auto\" in the DeepSpeed config")
+    if elastic is not None:  # the engine's own view at this size (its boundaries are set step by step)
+        config.set_value("gradient_accumulation_steps", elastic.engine_accumulation)
+        total = micro * elastic.engine_accumulation * world_size
     config.set_value("train_batch_size", total)
 
 

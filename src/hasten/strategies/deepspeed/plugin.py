@@ -32,7 +32,7 @@ from typing import Any, Iterator, Mapping
 from ...core.environment import str_to_bool
 from ...core.errors import DeepSpeedConfigError
 from .config import HfDeepSpeedConfig, require_deepspeed, tell_transformers
-from .engine_config import conflict, engine_config, engine_dtype
+from .engine_config import ElasticBatch, conflict, engine_config, engine_dtype
 from .environment import check_launcher_fields, read_environment
 
 __all__ = ["DeepSpeedPlugin"]
@@ -430,8 +430,10 @@ class DeepSpeedPlugin:
 
     def build_engine_config(self, *, world_size: int, mixed_precision: str, device_type: str,
                             micro_batch_size: int | None, client_optimizer: bool | None, optimizer: Any = None,
-                            scheduler: Any = None) -> dict[str, Any]:
+                            scheduler: Any = None, elastic: ElasticBatch | None = None) -> dict[str, Any]:
         """The config `deepspeed.initialize` gets: every "auto" filled, every disagreement raised (this config unchanged).
+
+        `elastic`: an elastic run's engine accumulation at this size, checked against the recipe at MAX processes.
 
         `client_optimizer`: True for a torch optimizer, False for a `DummyOptim`
         (the config's optimizer), None for a model prepared without one (an
@@ -446,7 +448,7 @@ class DeepSpeedPlugin:
         """
         return engine_config(self, world_size=world_size, mixed_precision=mixed_precision, device_type=device_type,
                              micro_batch_size=micro_batch_size, client_optimizer=client_optimizer, optimizer=optimizer,
-                             scheduler=scheduler)
+                             scheduler=scheduler, elastic=elastic)
 
     @classmethod
     def from_launch_config(cls, section: dict[str, Any]) -> "DeepSpeedPlugin":

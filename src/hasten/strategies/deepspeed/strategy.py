@@ -43,6 +43,7 @@ from torch import nn
 from ...checkpointing.commit import fsync_path
 from .config import require_deepspeed
 from .dummies import DummyOptim
+from .engine_config import ElasticBatch
 from .plugin import DeepSpeedPlugin
 from ...options import DistributedType
 from ...runtime.precision import PrecisionPolicy, check_precision_supported
@@ -121,12 +122,13 @@ class DeepSpeedStrategy(Strategy):
         self.sp_size = 1  # Ulysses sequence parallel degree (ParallelismConfig.sp_size)
         self.parallelism_config: Any = None
         self.sp_mpu: Any = None  # DeepSpeed's sequence-parallel groups once the engine exists
+        self.elastic_batch: ElasticBatch | None = None  # an elastic run's engine accumulation and recipe
 
     @classmethod
     def create(cls, device: torch.device, world_size: int, mixed_precision: str,
                plugin: DeepSpeedPlugin | Mapping[str, DeepSpeedPlugin], *,
                gradient_state: AccumulationState | None, parallelism_config: ParallelismConfig | None,
-               accumulation_given: bool = True) -> "DeepSpeedStrategy":
+               accumulation_given: bool = True, elastic_batch: ElasticBatch | None = None) -> "DeepSpeedStrategy":
         """Check the plugin(s) against the Accelerator's settings now (in `Accelerator()`), not at `prepare`.
 
         `plugin` is one plugin or Accelerate's named ones (a dict); the one
@@ -159,8 +161,12 @@ class DeepSpeedStrategy(Strategy):
         precision = PrecisionPolicy(name=mixed_precision, device_type=device.type, dtype=_DTYPES.get(mixed_precision))
         strategy = cls(device, precision, active, gradient_state, world_size, plugins=named)
         strategy.sp_size, strategy.parallelism_config = sp_size, parallelism_config
-        steps = gradient_state.num_steps if gradient_state is not None else 1
         strategy.accumulation_given = accumulation_given
+        if elastic_batch is not None:  # an elastic run decided the batch (the config's numbers included) already
+            strategy.elastic_batch = elastic_batch
+            strategy.accumulation_steps = elastic_batch.engine_accumulation
+            return strategy
+        steps = gradient_state.num_steps if gradient_state is not None else 1
         strategy.accumulation_steps = active.resolve_accumulation(steps, given=accumulation_given)
         if gradient_state is not None:
             gradient_state.num_steps = strategy.accumulation_steps  # an Accelerator given no number follows the file
@@ -214,7 +220,7 @@ class DeepSpeedStrategy(Strategy):
                        plugin: DeepSpeedPlugin) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         deepspeed = require_deepspeed()
         _init_distributed(self.device)
-        if plugin is not self.plugin:  # named plugins: trained under another than the one checked at creation
+        if plugin is not self.plugin and self.elastic_batch is None:  # named plugins: trained under another one
             steps = plugin.resolve_accumulation(self.accumulation_steps, given=self.accumulation_given)
             if steps != self.accumulation_steps and self.gradient_state is not None:
                 self.gradient_state.num_steps = steps  # an Accelerator given no number follows the file
@@ -225,7 +231,8 @@ class DeepSpeedStrategy(Strategy):
         config = plugin.build_engine_config(
             # a sequence-parallel group trains on one batch: ZeRO's data-parallel processes are world / sp_size
             world_size=self.world_size // self.sp_size, mixed_precision=self.precision.name, device_type=self.device.type,
-            micro_batch_size=self.micro_batch_size, client_optimizer=not dummy, optimizer=optimizer, scheduler=scheduler)
+            micro_batch_size=self.micro_batch_size, client_optimizer=not dummy, optimizer=optimizer, scheduler=scheduler,
+            elastic=self.elastic_batch)
         self.engine_config = config
         self.cast_forward(model)
         plugin.set_moe_leaf_modules(model)  # MoE layers gathered whole under ZeRO-3, as Accelerate's prepare does
@@ -287,10 +294,12 @@ class DeepSpeedStrategy(Strategy):
             raise RuntimeError("the DeepSpeed engine does not exist yet; pass the model and optimizer to accelerator.prepare first.")
         return self.engine
 
-    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, accumulation_steps: float = 1, **kwargs: Any) -> None:
         """Boundary from `sync_gradients`, then `engine.backward` (it divides by its accumulation) and `engine.step`."""
         engine = self._engine_for()
-        if accumulation_steps != self.accumulation_steps:
+        if self.elastic_batch is not None:  # the engine divides by its accumulation; the micro-batch counts P / M
+            loss = loss * (self.accumulation_steps / accumulation_steps)
+        elif accumulation_steps != self.accumulation_steps:
             raise ValueError(f"gradient_accumulation_steps changed to {accumulation_steps} after the DeepSpeed engine was built "
                              f"with {self.accumulation_steps}; set it before accelerator.prepare.")
         sync = self.gradient_state.sync_gradients if self.gradient_state is not None else True
@@ -300,6 +309,21 @@ class DeepSpeedStrategy(Strategy):
         if sync:
             self._step_skipped = bool(getattr(engine.optimizer, "overflow", False))
         self._pending_micro_steps = not sync
+
+    def needs_fillers(self, model: nn.Module) -> bool:
+        """ZeRO reduces gradients in every backward (stage 2 and 3) or gathers in every forward (3): every process
+        runs as many micro-steps."""
+        return True
+
+    def filler_step(self, model: nn.Module, zero_loss: Callable[[], torch.Tensor]) -> None:
+        """The engine's last micro-step of the step, at the accumulation boundary: it reduces and steps."""
+        engine = self._engine_for()
+        loss = zero_loss()
+        engine.set_gradient_accumulation_boundary(True)
+        engine.backward(loss)
+        engine.step()
+        self._step_skipped = bool(getattr(engine.optimizer, "overflow", False))
+        self._pending_micro_steps = False
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
         """The engine already stepped in `backward`; report whether fp16 overflow skipped that step."""
@@ -389,7 +413,7 @@ class DeepSpeedStrategy(Strategy):
                               optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
         from .checkpoint import gather_weights, save_shard, save_weights
 
-        if self._pending_micro_steps:
+        if self._pending_micro_steps and self.elastic_batch is None:  # (elastic: saved as at the step's start)
             raise RuntimeError("save_state was called in the middle of a gradient accumulation cycle, whose partial "
                                "gradients DeepSpeed keeps in its own buffers; call it right after an optimizer step.")
         files = {}

@@ -10,9 +10,10 @@ follow the parameters `fully_shard` replaced.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -362,6 +363,19 @@ class FSDPStrategy(Strategy):
                          "prepare the model (in this or an earlier prepare call) and build the optimizer on its parameters.")
 
     # -- the hot path -------------------------------------------------------------------------------
+    def needs_fillers(self, model: nn.Module) -> bool:
+        """FSDP2 gathers parameters in every forward and backward: every process must run as many."""
+        return hasattr(model, "set_requires_gradient_sync")
+
+    @contextlib.contextmanager
+    def sync_on(self, model: nn.Module) -> Iterator[None]:
+        """Reduce-scatter in this backward even inside `no_sync` (the block's end turns the sync on anyway)."""
+        if not hasattr(model, "set_requires_gradient_sync"):
+            yield
+            return
+        cast("FSDPModule", model).set_requires_gradient_sync(True)
+        yield
+
     def no_sync(self, model: nn.Module) -> Any:
         if self.sync_each_batch or not hasattr(model, "set_requires_gradient_sync"):
             return super().no_sync(model)
