@@ -105,3 +105,36 @@ def compare_imports(repeats: int) -> None:
         print(f"{name:<32} {statistics.median(samples) * 1e3:7.0f} ms   ratio to import torch {ratio:.3f}  {verdict}")
         record("import", name, framework=framework, repeats=repeats, ms=statistics.median(samples) * 1e3,
                ratio=ratio, ok=(ratio <= 1.05) if framework == "hasten" else None)
+    _import_parts(statements, repeats, base)
+
+
+# What `import torch` leaves due: its import ends with the collector's oldest generation over its threshold, so the next
+# few hundred allocations after it (an import, or the user's first line) run a full collection of torch's ~170k
+# objects. Each statement's own part is timed in one interpreter after `import torch` with the collector off.
+_OWN = ("import gc, time, torch\ngc.disable()\nstart = time.perf_counter()\n{statement}\n"
+        "print(time.perf_counter() - start)")
+_DUE = ("import gc, time, torch\n{off}start = time.perf_counter()\nkept = [[] for _ in range(2000)]\n"
+        "print(time.perf_counter() - start)")
+
+
+def _seconds_printed(code: str) -> float:
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def _import_parts(statements: dict[str, str], repeats: int, base: float) -> None:
+    due = statistics.median(_seconds_printed(_DUE.format(off="")) for _ in range(repeats))
+    without = statistics.median(_seconds_printed(_DUE.format(off="gc.disable()\n")) for _ in range(repeats))
+    print(f"-- the collection `import torch` leaves due: 2000 new lists after it take {due * 1e3:.0f} ms, "
+          f"{without * 1e3:.1f} ms with the collector off")
+    record("import", "the collection due after import torch (paid by the next allocations)", framework="torch",
+           repeats=repeats, ms=(due - without) * 1e3, ratio=(base + due - without) / base, ok=None)
+    for name in ("from hasten import Accelerator", "from accelerate import Accelerator"):
+        if name not in statements:
+            continue
+        own = statistics.median(_seconds_printed(_OWN.format(statement=statements[name])) for _ in range(repeats))
+        framework = name.split()[1]
+        print(f"{name + ', own part':<40} {own * 1e3:7.1f} ms after `import torch` (collector off)   "
+              f"(import torch + it) / import torch {(base + own) / base:.3f}")
+        record("import", f"{name}: its own part after import torch, collector off", framework=framework,
+               repeats=repeats, ms=own * 1e3, ratio=(base + own) / base, ok=None)

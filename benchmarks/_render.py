@@ -253,6 +253,12 @@ def render(records: list[dict], quick: bool) -> str:
                  "≤ 1.05" if r["framework"] == "hasten" else "", verdict(r["ok"]) if r["framework"] == "hasten" else ""]
                 for r in imports]
         lines += table(["statement", "time", "ratio to `import torch`", "target", "verdict"], rows)
+        if any("own part" in r["name"] for r in imports):
+            lines += ["", "`import torch` ends with the collector's oldest generation over its threshold: the next few "
+                      "hundred allocations after it, whatever makes them (an import, the script's first line), run a "
+                      "full collection of torch's objects, the row \"the collection due\". The \"own part\" rows time "
+                      "each statement in one interpreter after `import torch` with the collector off, their ratio "
+                      "being (`import torch` + the part) / `import torch`.", ""]
 
     # launch
     launches = [r for r in by(records, "launch") if not r.get("help")]

@@ -12,14 +12,18 @@ with the trained weights and be the same file's tensors under both libraries.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import run_with_timeout
+
+from .harness import _cache_dir, _cache_key
 
 pytestmark = [pytest.mark.parity, pytest.mark.timeout(900)]
 
@@ -46,8 +50,15 @@ def run(lib: str, script: str, nproc: int, out: Path) -> dict[int, list[dict]]:
     env.pop("HASTEN_AS_ACCELERATE", None)  # the peer runs the real accelerate; hasten's launcher sets it itself
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and not p.rstrip("/").endswith("_accelerate_site"))
-    result = run_with_timeout(command(lib, script, nproc, out), RUN_TIMEOUT, env, leftovers_fail=lib == "hasten")
-    assert result.returncode == 0, f"{lib} {script} on {nproc} exited {result.returncode}:\n{result.stderr[-6000:]}"
+    # Accelerate's runs are cached as the harness caches its peer runs (keyed by the script, the processes and the
+    # versions, here TRL's, PEFT's and transformers' too): only hasten's side is run again
+    cache = _cache_dir() if lib == "accelerate" else None
+    key = _cache_key(SCRIPTS / script, nproc, [md.version(name) for name in ("trl", "peft", "transformers")], "")
+    if cache is not None and (cache / key / "complete").exists():
+        shutil.copytree(cache / key / "out", out)
+    else:
+        result = run_with_timeout(command(lib, script, nproc, out), RUN_TIMEOUT, env, leftovers_fail=lib == "hasten")
+        assert result.returncode == 0, f"{lib} {script} on {nproc} exited {result.returncode}:\n{result.stderr[-6000:]}"
     records = {int(path.stem.removeprefix("records_rank")): [json.loads(line) for line in path.read_text().splitlines()]
                for path in out.glob("records_rank*.jsonl")}
     assert sorted(records) == list(range(nproc)), f"ranks that wrote records: {sorted(records)}"
@@ -55,6 +66,10 @@ def run(lib: str, script: str, nproc: int, out: Path) -> dict[int, list[dict]]:
         last = rank_records[-1]
         assert last["k"] == "done", f"{lib} rank {rank} stopped early: {rank_records[-3:]}"
         assert (last["world"], last["accelerate"]) == (nproc, f"{lib if lib == 'hasten' else 'accelerate'}.accelerator")
+    if cache is not None and not (cache / key / "complete").exists():  # a complete run only
+        shutil.rmtree(cache / key, ignore_errors=True)
+        shutil.copytree(out, cache / key / "out")
+        (cache / key / "complete").write_text("")
     return records
 
 
