@@ -31,22 +31,18 @@ import pytest
 from conftest import SCRIPTS
 from hasten.launch.peer_watch import PeerWatch, Seat, Silence, peer_key, seat_of, silent_line
 from hasten.process.heartbeat import heartbeat_path
-from machines import Machine, ip, kill_marked, rendezvous_port, two_namespaces, wait_for
+from machines import SHORT_RDZV, Machine, ip, kill_marked, rendezvous_port, two_namespaces, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = SCRIPTS / "elastic_busy.py"
 LIVENESS = 10.0  # --liveness_timeout of the run (45 s by default: short here to keep the test short)
 BUSY = 2.2 * LIVENESS  # the main process's evaluation
-# torch's rendezvous settings, shortened as in tests/test_elastic.py: a machine's keep-alive expires in 6 s (inside the
-# limit, so the silent machine is gone from torch's rendezvous once hasten's watch has found it) and a group waits 5 s
-# for latecomers.
-RDZV = ("--rdzv_conf", "last_call_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3")
-# From the cut to the first step of the store's side alone: the silent machine found within the limit (+3 s), the
-# survivors' last call (5 s), then the script's start on the new group: importing torch, forming the group, loading the
-# checkpoint, 20-50 s when the suite's other worker loads this 2-core host (63 s in all was seen in CI with torch's
-# default 15 s keep-alive and 10 s last call). The issue's bound is on the detection (DETECTED_WITHIN); this one only
-# says the run goes on.
+# From the cut to the first step of the store's side alone (SHORT_RDZV: torch's keep-alive of the silent machine
+# expires inside the limit): the silent machine found within the limit (+3 s), the survivors' last call (5 s), then
+# the script's start on the new group: importing torch, forming the group, loading the checkpoint, 20-50 s when the
+# suite's other worker loads this 2-core host (63 s in all was seen in CI with torch's default 15 s keep-alive and
+# 10 s last call). The issue's bound is on the detection (DETECTED_WITHIN); this one only says the run goes on.
 REFORMED_WITHIN = LIVENESS + 3.0 + 5.0 + 60.0
 DETECTED_WITHIN = LIVENESS + 3.0  # both sides: the limit, a second of polling, and a margin for this loaded host
 
@@ -206,7 +202,7 @@ def test_an_elastic_runs_process_group_has_the_users_timeout_else_accelerates_de
 def _command(rank: int, main_ip: str, port: int, out: Path, prefix: tuple[str, ...]) -> list[str]:
     return [*prefix, sys.executable, "-m", "hasten", "launch", "--num_machines", "1:2", "--num_processes", "2",
             "--machine_rank", str(rank), "--main_process_ip", main_ip, "--main_process_port", str(port),
-            "--max_restarts", "3", "--liveness_timeout", f"{LIVENESS:g}", *RDZV, str(SCRIPT), str(out), f"{BUSY:g}"]
+            "--max_restarts", "3", "--liveness_timeout", f"{LIVENESS:g}", *SHORT_RDZV, str(SCRIPT), str(out), f"{BUSY:g}"]
 
 
 def _events(out: Path, event: str | None = None) -> list[dict]:

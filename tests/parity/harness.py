@@ -140,6 +140,30 @@ def _cache_dir() -> Path | None:
     return None if setting in ("", "0") else Path(setting)
 
 
+def peer_entry(script: Path, nproc: int, args: list[str], parent: str = "") -> Path | None:
+    """The cache folder of a peer run of ``script`` (None when the cache is off: HASTEN_PARITY_CACHE=0)."""
+    cache = _cache_dir()
+    return None if cache is None else cache / _cache_key(script, nproc, args, parent)
+
+
+def restore_cached(entry: Path | None, out: Path) -> bool:
+    """Copy a complete cached peer run into ``out``; False when there is none."""
+    if entry is None or not (entry / "complete").exists():
+        return False
+    shutil.copytree(entry / "out", out)
+    return True
+
+
+def store_cached(entry: Path | None, out: Path, output: str = "") -> None:
+    """Keep a finished peer run's folder and console output for the next runs (nothing when the cache is off)."""
+    if entry is None:
+        return
+    shutil.rmtree(entry, ignore_errors=True)
+    shutil.copytree(out, entry / "out")
+    (entry / "output.txt").write_text(output)
+    (entry / "complete").write_text("")
+
+
 def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str] = (), name: str = "",
                timeout: float = 240, env: dict[str, str] | None = None, parent: "Run | None" = None,
                switch: bool = False) -> Run:
@@ -154,14 +178,14 @@ def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str
     """
     args = [*args, "--out", str(out)]
     run = Run(lib, name or script.stem, nproc, out)
-    cache = _cache_dir() if lib == PEER and (parent is None or parent.key) else None
-    key = None
-    if cache is not None:
+    entry = None
+    if lib == PEER and (parent is None or parent.key):
         relative = [a.replace(str(out.parent), "<runs>") for a in args]
-        key = run.key = _cache_key(script, nproc, relative, parent.key if parent else "")
-        if (cache / key / "complete").exists():
-            shutil.copytree(cache / key / "out", out)
-            run.returncode, run.output = 0, (cache / key / "output.txt").read_text()
+        entry = peer_entry(script, nproc, relative, parent.key if parent else "")
+        if entry is not None:
+            run.key = entry.name
+        if restore_cached(entry, out):
+            run.returncode, run.output = 0, (entry / "output.txt").read_text()
             run.records = read_records(out)
             return run
     if lib == HASTEN and not switch:
@@ -189,12 +213,8 @@ def run_script(lib: str, script: Path, nproc: int, out: Path, args: Iterable[str
     if finished != nproc:  # an unfinished run is neither cached nor a parent in the cache
         run.failure, run.key = (f"exit code {result.returncode}, {finished} of {nproc} ranks finished; "
                                 f"output tail:\n{run.output[-4000:]}"), ""
-    elif key is not None:
-        target = cache / key
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(out, target / "out")
-        (target / "output.txt").write_text(run.output)
-        (target / "complete").write_text("")
+    else:
+        store_cached(entry, out, run.output)
     return run
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
-import shutil
 import sys
 import threading
 from pathlib import Path
@@ -33,8 +32,8 @@ import pytest
 
 from conftest import run_with_timeout
 
-from .harness import (PEER, SCRIPTS, STEP_FIELDS, Run, Runs, _cache_dir, _cache_key, first_difference, free_port,
-                      read_records)
+from .harness import (PEER, SCRIPTS, STEP_FIELDS, Run, Runs, first_difference, free_port, peer_entry, read_records,
+                      restore_cached, store_cached)
 from .test_checkpoint import files, first_unequal, read, unexplained_extra
 
 pytest.importorskip("diffusers")
@@ -56,19 +55,12 @@ def environment() -> dict[str, str]:
 
 def run_loading(out: Path, switch: bool) -> tuple[dict, dict]:
     """The loading client's record and arrays, under hasten (``switch``) or Accelerate (cached as harness does)."""
-    cache = None if switch else _cache_dir()
-    if cache is not None:
-        cache = cache / _cache_key(LOADING, 1, ["loading", md.version("diffusers")], "")
-        if (cache / "complete").exists():
-            shutil.copytree(cache / "out", out)
-    if not (out / "result.json").exists():
+    entry = None if switch else peer_entry(LOADING, 1, ["loading", md.version("diffusers")])
+    if not restore_cached(entry, out):
         command = [sys.executable, str(LOADING), "--out", str(out), *(["--switch"] if switch else [])]
         result = run_with_timeout(command, 240, environment())
         assert result.returncode == 0 and (out / "result.json").exists(), result.stdout + result.stderr[-4000:]
-        if cache is not None:
-            shutil.rmtree(cache, ignore_errors=True)
-            shutil.copytree(out, cache / "out")
-            (cache / "complete").write_text("")
+        store_cached(entry, out)
     with np.load(out / "arrays.npz") as arrays:
         return json.loads((out / "result.json").read_text()), {k: arrays[k] for k in arrays.files}
 

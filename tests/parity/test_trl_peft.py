@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 
 from conftest import run_with_timeout
 
-from .harness import _cache_dir, _cache_key
+from .harness import peer_entry, restore_cached, store_cached
 
 pytestmark = [pytest.mark.parity, pytest.mark.timeout(900)]
 
@@ -52,11 +51,10 @@ def run(lib: str, script: str, nproc: int, out: Path) -> dict[int, list[dict]]:
                                         if p and not p.rstrip("/").endswith("_accelerate_site"))
     # Accelerate's runs are cached as the harness caches its peer runs (keyed by the script, the processes and the
     # versions, here TRL's, PEFT's and transformers' too): only hasten's side is run again
-    cache = _cache_dir() if lib == "accelerate" else None
-    key = _cache_key(SCRIPTS / script, nproc, [md.version(name) for name in ("trl", "peft", "transformers")], "")
-    if cache is not None and (cache / key / "complete").exists():
-        shutil.copytree(cache / key / "out", out)
-    else:
+    entry = peer_entry(SCRIPTS / script, nproc, [md.version(name) for name in ("trl", "peft", "transformers")]) \
+        if lib == "accelerate" else None
+    cached = restore_cached(entry, out)
+    if not cached:
         result = run_with_timeout(command(lib, script, nproc, out), RUN_TIMEOUT, env, leftovers_fail=lib == "hasten")
         assert result.returncode == 0, f"{lib} {script} on {nproc} exited {result.returncode}:\n{result.stderr[-6000:]}"
     records = {int(path.stem.removeprefix("records_rank")): [json.loads(line) for line in path.read_text().splitlines()]
@@ -66,10 +64,8 @@ def run(lib: str, script: str, nproc: int, out: Path) -> dict[int, list[dict]]:
         last = rank_records[-1]
         assert last["k"] == "done", f"{lib} rank {rank} stopped early: {rank_records[-3:]}"
         assert (last["world"], last["accelerate"]) == (nproc, f"{lib if lib == 'hasten' else 'accelerate'}.accelerator")
-    if cache is not None and not (cache / key / "complete").exists():  # a complete run only
-        shutil.rmtree(cache / key, ignore_errors=True)
-        shutil.copytree(out, cache / key / "out")
-        (cache / key / "complete").write_text("")
+    if not cached:  # a complete run only
+        store_cached(entry, out)
     return records
 
 
