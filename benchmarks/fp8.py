@@ -9,7 +9,7 @@ AdamW on one process, one thread:
 - raw: plain PyTorch: torchao's `convert_to_float8_training` with Accelerate's default filter (first and
   last Linear kept), forward under bf16 autocast, the loop by hand;
 - hasten: `Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(config=...)])`;
-- accelerate: the same script under Accelerate 1.15 (when installed);
+- accelerate: the same script under Accelerate 1.16 (when installed);
 - raw bf16: the raw loop without fp8, for context (emulated fp8 is not faster than bf16 on a CPU).
 
 All fp8 variants use ``Float8LinearConfig(emulate=True)``: torchao's emulation, the fp8 path a CPU runs

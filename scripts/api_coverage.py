@@ -1,11 +1,13 @@
 """How much of Accelerate's public API hasten has, at the same import paths and with the same parameter names.
 
-Needs `accelerate` importable (it is NOT a hasten dependency); install it
-next to hasten for the check only, e.g. in a virtual environment that sees
-the system packages:
+Needs `accelerate` importable at the release hasten implements, 1.16.0 (it is
+NOT a hasten dependency; the test extra pins it); install it next to hasten
+for the check only, e.g. in a virtual environment that sees the system
+packages (the exit status is 1 while a name or flag is missing, 2 with
+another release installed):
 
     python3 -m venv --system-site-packages /tmp/accel-venv
-    /tmp/accel-venv/bin/pip install -c /tmp/torch-constraint.txt accelerate
+    /tmp/accel-venv/bin/pip install -c /tmp/torch-constraint.txt accelerate==1.16.0
     /tmp/accel-venv/bin/python scripts/api_coverage.py [--gaps] [--module accelerate.utils.operations]
 
 For each module (`accelerate`, `accelerate.utils` and its submodules, the
@@ -55,9 +57,11 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
+# The Accelerate release hasten implements: the comparison is with it (pip install accelerate==1.16.0).
+REFERENCE_VERSION = "1.16.0"
 # Top-level modules whose names scripts import (`from accelerate.data_loader import ...`).
 TOP_LEVEL = ["data_loader", "launchers", "state", "local_sgd", "memory_utils", "logging", "optimizer", "scheduler",
-             "tracking", "checkpointing", "inference", "parallelism_config", "big_modeling", "hooks"]
+             "tracking", "checkpointing", "parallelism_config", "big_modeling", "hooks"]
 @dataclass
 class Report:
     module: str
@@ -398,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         print("accelerate is not installed; install it for this check only "
               "(see this script's docstring) and run again.", file=sys.stderr)
         return 2
+    if accelerate.__version__ != REFERENCE_VERSION:
+        print(f"hasten implements Accelerate {REFERENCE_VERSION}, but accelerate {accelerate.__version__} is installed; "
+              f"compare with the release it implements: pip install accelerate=={REFERENCE_VERSION}.", file=sys.stderr)
+        return 2
     present, total, problems = compare_launch_flags()
     launch_line = f"accelerate launch flags (hasten launch)  {present:4d}/{total:4d}  {100 * present / max(total, 1):5.1f}%"
     if args.launch_flags:
@@ -428,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  missing   {line}")
                 for line in r.different:
                     print(f"  different {line}")
-    return 0
+    return 0 if found == total and not problems else 1
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ Every command, flag, default and help text below is generated from
 `hasten COMMAND --help` says. A test fails when the two drift apart.
 
 `hasten launch` is also `accelerate launch` (under the accelerate switch):
-it takes every flag of Accelerate 1.15's `accelerate launch`, with its
+it takes every flag of Accelerate 1.16's `accelerate launch`, with its
 meaning, and hasten's own ("hasten:" in their help). The flags given
 override the config file, which overrides the defaults: for a flag that
 sets a config-file key the default shown is the one used when neither the
@@ -65,13 +65,15 @@ they present it:
 | | `hasten launch` | `accelerate launch` |
 |---|---|---|
 | a launch that cannot work | one line, exit status 2 | the same sentence, raised (`ValueError`) |
-| a failed run | the failed rank's exit status, one line naming it | `subprocess.CalledProcessError` (`--quiet`: exit 1) |
-| one process | runs in the launcher's process | runs in a child process |
+| a failed run | the failed rank's exit status, one line naming it | `subprocess.CalledProcessError`, with the last 512 KiB of a one-process child's stderr (`--quiet`: exit 1) |
+| Ctrl-C / `SIGTERM` | every process ended, exit 130 / 128 + the signal | the same (the child's whole process tree) |
+| one process | runs in the launcher's process | runs in a child process (through torchrun for `--multi_gpu`, FSDP, DeepSpeed) |
+| a script that does not exist | refused before anything starts | fails in the child, as in Accelerate |
 | `import accelerate` in the processes | hasten's with `--as_accelerate` | always hasten's |
 | defaults used for lack of a config file | nothing said | Accelerate's warning, through `logging` |
 | after validation | | the settings are left on the namespace under Accelerate's names, with Accelerate's config object |
 
-Where the command's behaviour differs from Accelerate 1.15's launcher, and why:
+Where the command's behaviour differs from Accelerate 1.16's launcher, and why:
 
 - **Precedence.** A flag given on the command line wins and the config file
   fills every key the command line left out. (Accelerate's launcher lets some
@@ -87,8 +89,8 @@ Where the command's behaviour differs from Accelerate 1.15's launcher, and why:
 - **Processes.** `--num_processes N` starts N processes, whatever the
   engine (Accelerate's simple launcher starts one for a multi-CPU config
   without mpirun). Without a config file or `--num_processes`: one per
-  visible GPU, at least one (Accelerate's rule; it says 0 on a machine
-  without GPUs and starts one).
+  visible GPU, at least one (Accelerate 1.16's rule: its accelerators, at
+  least one).
 - **Engines on CPUs.** `--cpu` with `--use_fsdp` or `--use_deepspeed` runs
   that engine on the CPU (hasten shards over gloo; Accelerate refuses the
   pair, or ignores DeepSpeed when the file asks for it); only `--cpu` with

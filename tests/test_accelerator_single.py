@@ -243,7 +243,7 @@ def test_save_writes_the_format_accelerates_save_writes_and_leaves_no_partial_fi
     acc = Accelerator(cpu=True)
     model = acc.prepare(torch.nn.Linear(2, 2))
     state = acc.unwrap_model(model).state_dict()
-    # As in Accelerate 1.15, safe_serialization defaults to False: torch.save's zip pickle, whatever the file's name.
+    # As in Accelerate 1.16, safe_serialization defaults to False: torch.save's zip pickle, whatever the file's name.
     acc.save(state, tmp_path / "model.safetensors")
     assert (tmp_path / "model.safetensors").read_bytes()[:4] == b"PK\x03\x04"
     acc.save(state, tmp_path / "model.bin")
@@ -348,7 +348,8 @@ def test_fp16_clipping_on_a_non_sync_step_is_refused_in_one_sentence():
 
 def test_the_attributes_diffusers_and_accelerate_examples_read():
     acc = Accelerator(cpu=True, mixed_precision="bf16")
-    assert acc.native_amp and acc.fp8_recipe_handler is None and acc.parallelism_config is None
+    assert acc.native_amp and acc.ao_recipe_handler is None and acc.parallelism_config is None
+    assert not hasattr(acc, "fp8_recipe_handler")  # Accelerate 1.16 removed it with FP8RecipeKwargs
     assert acc.torch_device_mesh is None  # no engine mesh without FSDP / a ParallelismConfig
     acc.native_amp = False  # what diffusers' examples do on Apple's MPS: autocast off from here on
     model = acc.prepare(torch.nn.Linear(2, 2))

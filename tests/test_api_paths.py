@@ -1,4 +1,4 @@
-"""The rest of Accelerate 1.15's public API at its import paths: what each name does here, not only that it exists.
+"""The rest of Accelerate 1.16's public API at its import paths: what each name does here, not only that it exists.
 
 Refused features (Megatron-LM, TPU) raise one sentence and advertise Accelerate's
 parameter names; constants carry Accelerate's values; probes answer truthfully; the FSDP2 / DeepSpeed /
@@ -100,8 +100,10 @@ def test_constants_have_accelerates_values():
     assert constants.SAFE_WEIGHTS_PATTERN_NAME.format(suffix="") == "model.safetensors"
     from hasten import utils
 
-    assert utils.XPU_PROFILING_AVAILABLE_PYTORCH_VERSION == "2.4.0"
-    assert utils.MITA_PROFILING_AVAILABLE_PYTORCH_VERSION == "2.1.0"
+    # Accelerate 1.16 dropped its *_PYTORCH_VERSION constants and names each accelerator's backend and visibility
+    assert [name for name in dir(utils) + dir(constants) if name.endswith("_PYTORCH_VERSION")] == ["SAGEMAKER_PYTORCH_VERSION"]
+    assert constants.TORCH_DISTRIBUTED_BACKENDS["cuda"] == "nccl" and constants.TORCH_DISTRIBUTED_BACKENDS["xpu"] == "xccl"
+    assert constants.DEVICE_VISIBLE_DEVICES_ENV_VARS["cuda"] == "CUDA_VISIBLE_DEVICES"
 
 
 def test_profile_traces_use_the_pattern(tmp_path):

@@ -61,7 +61,7 @@ def test_find_executable_batch_size_takes_90_percent_on_out_of_memory(error):
             raise error
         return batch_size
 
-    assert train(80) == 73  # Accelerate 1.15's sizes: int(size * 0.9) a try
+    assert train(80) == 73  # Accelerate 1.16's sizes: int(size * 0.9) a try
     assert tried == [128, 115, 103, 92, 82, 73]
 
 

@@ -54,7 +54,7 @@ def test_import_accelerate_gets_hasten_and_its_version_checks_pass() -> None:
     """)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["same"] and seen["version"] == seen["metadata"] == "1.15.0"
+    assert seen["same"] and seen["version"] == seen["metadata"] == "1.16.0"
     assert seen["dist"].startswith(SITE)  # the switch's dist-info answers, not an installed accelerate
     assert seen["transformers"] is True
     assert seen["partial_state"].startswith("hasten.") and seen["memory"] == ["hasten.utils.memory"] * 2
@@ -76,7 +76,7 @@ def test_children_inherit_the_switch() -> None:
         print(out.stdout.strip(), out.returncode, out.stderr[-300:])
     """)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1].startswith("hasten 1.15.0 0")
+    assert result.stdout.strip().splitlines()[-1].startswith("hasten 1.16.0 0")
 
 
 def test_real_accelerate_imported_first_is_refused_in_one_sentence() -> None:
@@ -158,7 +158,7 @@ def test_hasten_launch_as_accelerate_switches_every_process(tmp_path: Path, how:
     ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
     assert sorted(ranks) == [0, 1]
     for seen in ranks.values():
-        assert seen == {"module": "hasten", "version": "1.15.0", "class": "hasten.accelerator", "total": 3.0, "env": "1"}
+        assert seen == {"module": "hasten", "version": "1.16.0", "class": "hasten.accelerator", "total": 3.0, "env": "1"}
 
 
 def test_hasten_launch_as_accelerate_on_one_process(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Checkpoints between Accelerate 1.15 and hasten: the same folder layout, and a run can switch libraries mid-way.
+"""Checkpoints between Accelerate 1.16 and hasten: the same folder layout, and a run can switch libraries mid-way.
 
 `scripts/ckpt_cross.py` is one training script whose only difference between the libraries is its import
 line. It trains 5 steps and saves under one library, then loads and trains 5 more under either. Accelerate
@@ -32,7 +32,7 @@ def peer_python() -> str:
         return sys.executable
     if PEER_VENV.exists():
         return str(PEER_VENV)
-    pytest.skip("Accelerate is not installed (pip install accelerate==1.15.0) - needed to write its checkpoints")
+    pytest.skip("Accelerate is not installed (pip install accelerate==1.16.0) - needed to write its checkpoints")
 
 
 def run(library: str, phase: str, out: Path, *flags: str, num_processes: int = 1) -> dict[int, dict]:

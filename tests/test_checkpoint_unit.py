@@ -104,7 +104,7 @@ def test_files_have_accelerates_names_and_a_manifest(tmp_path):
     train(*run, batches=1)
     run[0].save_state(tmp_path / "ckpt")
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    # Accelerate 1.15 writes exactly these for these objects (dl_state_dict.bin: the torchdata state of a loader
+    # Accelerate 1.16 writes exactly these for these objects (dl_state_dict.bin: the torchdata state of a loader
     # prepared with use_stateful_dataloader=True; hasten resumes from the position in its manifest);
     # test_checkpoint_accelerate.py compares against Accelerate itself.
     assert names == ["custom_checkpoint_0.pkl", "dl_state_dict.bin", "hasten_checkpoint.json", "model.safetensors",

@@ -182,7 +182,7 @@ def test_four_processes_read_what_accelerate_gives_each_rank_on_the_same_mesh(tm
     from conftest import launch
 
     if importlib.util.find_spec("accelerate") is None:
-        pytest.skip("Accelerate is not installed (pip install accelerate==1.15.0): it is the reference here")
+        pytest.skip("Accelerate is not installed (pip install accelerate==1.16.0): it is the reference here")
     launch(SCRIPT, "hasten", str(tmp_path), num_processes=4, timeout=240)
     _peer_run(tmp_path)
     for rank in range(4):

@@ -1,4 +1,4 @@
-"""The DeepSpeed plugin holds what Accelerate 1.15's holds, because libraries read it (docs/with-libraries.md).
+"""The DeepSpeed plugin holds what Accelerate 1.16's holds, because libraries read it (docs/with-libraries.md).
 
 Each field of `DeepSpeedPlugin` and its `deepspeed_config` after construction is compared with Accelerate's own
 plugin (installed as a test dependency) built the same way, with and without the ``ACCELERATE_DEEPSPEED_*``
@@ -141,7 +141,7 @@ def test_the_accelerator_tells_transformers_and_fills_the_precision_before_prepa
     assert deepspeed_config()["gradient_accumulation_steps"] == 1 and "train_batch_size" not in deepspeed_config()
     plugin = accelerator.state.deepspeed_plugin
     with plugin.zero3_init_context_manager(enable=False):
-        assert plugin.zero3_init_flag is False and is_deepspeed_zero3_enabled()  # as Accelerate 1.15: only the flag
+        assert plugin.zero3_init_flag is False and is_deepspeed_zero3_enabled()  # as Accelerate 1.16: only the flag
     assert plugin.zero3_init_flag is True
 
 

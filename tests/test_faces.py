@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "hasten"
 FACES = sorted(
     [f"utils/{path.name}" for path in (SRC / "utils").glob("*.py")]
     + [str(path.relative_to(SRC)) for path in (SRC / "commands").rglob("*.py")]
-    + ["data_loader.py", "launchers.py", "memory_utils.py", "hooks.py", "inference.py", "parallelism_config.py",
+    + ["data_loader.py", "launchers.py", "memory_utils.py", "hooks.py", "parallelism_config.py",
        "state.py", "optimizer.py", "scheduler.py"]
 )
 

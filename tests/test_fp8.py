@@ -1,6 +1,6 @@
 """fp8 through torchao: Accelerate's conversion filter, the same losses bit for bit, FSDP2's float8 all-gather, refusals.
 
-The differential tests run `scripts/fp8_train.py` (written for Accelerate) under Accelerate 1.15 and under
+The differential tests run `scripts/fp8_train.py` (written for Accelerate) under Accelerate 1.16 and under
 hasten: the layers Accelerate's own `convert_model_to_fp8_ao` converts, the losses and the final parameters
 must be identical. On this CPU the default recipe runs torch's CPU fp8 matrix product (`torch._scaled_mm`),
 as under Accelerate; `emulate` is torchao's emulation.
@@ -158,18 +158,20 @@ def test_gpus_without_fp8_are_refused_unless_emulated():
     assert Fp8Setup.resolve([emulated], "fp8", cuda, capability=(7, 5)).ao_recipe_handler is emulated
 
 
-def test_other_backends_refuse_in_one_sentence():
+def test_other_backends_refuse_in_one_sentence(monkeypatch):
+    import hasten.utils
     from hasten.fp8.setup import Fp8Setup
-    from hasten.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+    from hasten.utils import AORecipeKwargs, TERecipeKwargs
 
-    with pytest.raises(NotImplementedError, match="MSAMPRecipeKwargs configures MS-AMP, which hasten does not support"):
-        MSAMPRecipeKwargs(opt_level="O2")
+    # Accelerate 1.16 removed MS-AMP and the deprecated FP8RecipeKwargs: so does hasten, and MSAMP is no backend
+    assert not hasattr(hasten.utils, "MSAMPRecipeKwargs") and not hasattr(hasten.utils, "FP8RecipeKwargs")
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "MSAMP")
+    with pytest.raises(ValueError, match="ACCELERATE_FP8_BACKEND='MSAMP' is not an fp8 backend; use AO"):
+        Fp8Setup.resolve([], "fp8", torch.device("cpu"))
+    monkeypatch.delenv("ACCELERATE_FP8_BACKEND")
     if find_spec("transformer_engine") is None:
         with pytest.raises(ImportError, match=r"TERecipeKwargs needs NVIDIA Transformer Engine.*pip install"):
             TERecipeKwargs(fp8_format="HYBRID")
-        with pytest.raises(ImportError, match="FP8RecipeKwargs needs NVIDIA Transformer Engine"), \
-                pytest.warns(FutureWarning):
-            FP8RecipeKwargs()
     # under DeepSpeed the default recipe drops FSDP2's float8 all-gather (tests/test_deepspeed_multi.py)
     assert not Fp8Setup.resolve([], "fp8", torch.device("cpu"), deepspeed=True).ao_recipe_handler.config \
         .enable_fsdp_float8_all_gather

@@ -1,4 +1,4 @@
-"""fp8 through Transformer Engine, against Accelerate 1.15 driving the same stand-in TE in this process.
+"""fp8 through Transformer Engine, against Accelerate 1.16 driving the same stand-in TE in this process.
 
 TE installs only beside an NVIDIA GPU, so `FakeTE` stands in for it: ``transformer_engine.pytorch``'s
 `Linear`/`LayerNorm` are torch's layers that record each forward (inside which `fp8_autocast`, with which

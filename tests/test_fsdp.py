@@ -73,6 +73,7 @@ def _runs(ckpt, ckpt_full, launched: bool) -> list[str]:
         f"ckptfull:{batch}:1:0:{STEPS}:full:save@3@{ckpt_full}",  # FULL_STATE_DICT
         f"bf16:{batch}:1:0:{STEPS}:bf16",  # bf16 compute (MixedPrecisionPolicy + autocast), fp32 reduce
         f"meta:{batch}:1:0:{STEPS}:meta",  # cpu_ram_efficient_loading: rank 1 builds on meta, gets rank 0's weights
+        f"clipvalue:{batch}:1:0:{STEPS}:flags:clipvalue",  # clip_grad_value_ on DTensor gradients (Accelerate 1.16)
     ]
 
 
@@ -110,7 +111,7 @@ def _info(directory, name, rank=0):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["plain", "accum", "accumsync", "ac", "ckpt", "ckptfull", "meta"])
+@pytest.mark.parametrize("name", ["plain", "accum", "accumsync", "ac", "ckpt", "ckptfull", "meta", "clipvalue"])
 def test_fsdp_equals_one_unsharded_process(runs, name):
     _, one, two, _ = runs
     reference, sharded = _load(one / f"{name}.safetensors"), _load(two / f"{name}.safetensors")
@@ -119,6 +120,9 @@ def test_fsdp_equals_one_unsharded_process(runs, name):
     losses_one, losses_two = _info(one, name)["losses"], _info(two, name)["losses"]
     assert losses_two == pytest.approx(losses_one, abs=1e-5)
     assert losses_one[-1] < losses_one[0]
+    # the sharded gradients' norms (2, inf, and 0: how many gradients are not zero) are the whole gradients'
+    norms_one, norms_two = _info(one, name)["norms"], _info(two, name)["norms"]
+    assert norms_two == pytest.approx(norms_one, rel=1e-5) and norms_one[2] == 14  # 3 Blocks x 4 + the head's 2
 
 
 @pytest.mark.multiprocess
@@ -208,6 +212,8 @@ def test_2d_meshes_equal_one_process(runs, tmp_path):
         infos = [_info(tmp_path, name, rank) for rank in range(4)]
         assert infos[0]["mesh"] == mesh
         assert infos[0]["losses"] == pytest.approx(_info(one, "plain")["losses"], abs=1e-5)
+        # under tp, gradients on two meshes (the Blocks' on dp_shard x tp, the head's on dp_shard) make one norm
+        assert infos[0]["norms"] == pytest.approx(_info(one, "plain")["norms"], rel=1e-5)
     total = _info(tmp_path, "plain")["total_params"]
     assert all(0.4 * total <= _info(tmp_path, "plain", r)["local_params"] <= 0.6 * total for r in range(4))
     # tensor parallel x FSDP: the Blocks' weights are split 4 ways

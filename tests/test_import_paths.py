@@ -15,7 +15,6 @@ PATHS = {
     "hasten.utils.deepspeed": ["DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig"],
     "hasten.utils.fsdp_utils": ["merge_fsdp_weights", "save_fsdp_model", "load_fsdp_model"],
     "hasten.parallelism_config": ["ParallelismConfig"],
-    "hasten.inference": ["prepare_pippy"],
     "hasten.state": ["AcceleratorState", "PartialState"],
 }
 

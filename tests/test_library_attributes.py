@@ -1,4 +1,4 @@
-"""What transformers, TRL, PEFT and diffusers read and set on what Accelerate hands them, pinned to Accelerate 1.15.
+"""What transformers, TRL, PEFT and diffusers read and set on what Accelerate hands them, pinned to Accelerate 1.16.
 
 Each test names the library line it stands for; where it can, it compares with Accelerate itself (installed as a
 test dependency) in the same process. docs/with-libraries.md lists every attribute looked at, with its verdict.

@@ -30,6 +30,10 @@ LAYOUTS = {  # name -> (processes, sizes, distributed type, mesh dims, flattened
     "dp_shard=2,tp=2": (4, {"dp_shard_size": 2, "tp_size": 2}, "FSDP", ["dp_shard", "tp"],
                         {"dp": 2, "dp_shard_cp": 2, "dp_cp": 2}),
     "tp=4": (4, {"tp_size": 4}, "MULTI_CPU", ["tp"], {}),
+    # Accelerate 1.16 allows tensor parallel beside plain replication (1.15 refused it, 1.16 runs it as a plain
+    # multi-device run): hasten shards over the replicas with FSDP2, which keeps them in step, and says FSDP
+    "dp_replicate=2,tp=2": (4, {"dp_replicate_size": 2, "tp_size": 2}, "FSDP", ["dp_replicate", "tp"],
+                            {"dp": 2, "dp_cp": 2}),
     # a model split already (DTensor parameters, as transformers' tp_plan="auto" leaves it) is only sharded
     "split before prepare": (4, {"dp_shard_size": 2, "tp_size": 2}, "FSDP", ["dp_shard", "tp"],
                              {"dp": 2, "dp_shard_cp": 2, "dp_cp": 2}),

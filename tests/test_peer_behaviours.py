@@ -1,4 +1,4 @@
-"""Behaviours a script written for Accelerate observes, pinned to what Accelerate 1.15 does.
+"""Behaviours a script written for Accelerate observes, pinned to what Accelerate 1.16 does.
 
 Measured against the peer on this machine (2 CPU processes): `PartialState().distributed_type`
 is NO on one process and MULTI_CPU on several before any Accelerator, and afterwards what the
@@ -36,7 +36,7 @@ def test_version_passes_the_checks_scripts_make_against_accelerate():
     from packaging import version
 
     assert version.parse(hasten.__version__) >= version.parse("0.16.0")  # diffusers' checkpoint-hook gate
-    assert hasten.__version__.startswith("1.15.")  # major.minor = the Accelerate API implemented
+    assert hasten.__version__.startswith("1.16.")  # major.minor = the Accelerate API implemented
 
 
 def test_partial_state_reports_the_distributed_type_before_and_after_an_accelerator():

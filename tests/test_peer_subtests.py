@@ -35,7 +35,7 @@ def _peer_python() -> str | None:
 def test_fast_subset_of_accelerates_own_tests_passes_under_hasten():
     peer = _peer_python()
     if peer is None:
-        pytest.skip("accelerate is not installed (pip install accelerate==1.15.0, or set PEER_PYTHON)")
+        pytest.skip("accelerate is not installed (pip install accelerate==1.16.0, or set PEER_PYTHON)")
     result = run_with_timeout([sys.executable, str(SCRIPT), "--fast", "--peer-python", peer, "--processes", "1", "2"],
                               timeout=240)
     lines = [line for line in result.stdout.splitlines() if " sub-test(s) " in line]

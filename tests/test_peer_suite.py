@@ -1,10 +1,11 @@
-"""Accelerate 1.15's own test suite, unchanged, passes under hasten's accelerate switch (`scripts/peer_suite.py`).
+"""Accelerate's own test suite, unchanged, passes under hasten's accelerate switch (`scripts/peer_suite.py`).
 
-The suite is not part of this repository: it is read from `../shared/accelerate-1.15-tests` (Accelerate's
-`tests/` folder verbatim, with the outcome of every test under Accelerate 1.15.0 itself on this machine kind).
+The suites are not part of this repository: they are read from `../shared/accelerate-1.16-tests` (the test
+files of the Accelerate 1.16.0 source distribution, with the outcome of every test under Accelerate 1.16.0
+itself on this machine kind) and, for the engine folders 1.16's archive lacks, `../shared/accelerate-1.15-tests`.
 Every test that passes there must pass here, except those listed, each with its reason and the page that
 documents the difference, in `tests/peer_suite_expected.yaml`; that list may only shrink (a listed test that
-passes fails this test until it is taken out). Every file of the suite must import.
+passes fails this test until it is taken out). Every file of the suites must import.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import peer_suite  # noqa: E402  (scripts/peer_suite.py)
 
-SUITE = peer_suite.DEFAULT_SUITE
+SUITES = peer_suite.suites()
+SUITE = SUITES[0]
 REPORT_ENV = "HASTEN_PEER_SUITE_REPORT"  # set by scripts/test.sh: the JSON report of the run it started
 
 
@@ -38,6 +40,18 @@ def test_the_comparison_names_failures_stale_entries_and_files_that_do_not_impor
     assert report.now_passing == ["tests/a.py::T::fixed"]
     assert report.not_importing == ["tests/b.py"]
     assert (report.passed, report.reference) == (2, 5)
+
+
+def test_the_suites_are_116s_top_level_files_and_115s_engine_folders():
+    if not all(suite.baseline_path.exists() for suite in SUITES) or len(SUITES) < 2:
+        pytest.skip("the shared suites are not here (they are not part of this repository).")
+    main, engines = SUITES
+    assert (main.version, engines.version) == ("1.16.0", "1.15.0")
+    assert "tests/test_accelerator.py" in main.files() and not any("/fsdp/" in f for f in main.files())
+    assert {f.split("/")[1] for f in engines.files()} == {"fsdp", "deepspeed", "tp"}
+    baseline = peer_suite.read_baselines(SUITES)
+    assert sum(outcome == "passed" for node, outcome in baseline.items() if node.count("/") == 1) == 354
+    assert not any(node.startswith("tests/test_") for node in peer_suite.read_baseline(engines))
 
 
 def test_every_expected_difference_says_why_and_where_it_is_documented():
@@ -75,13 +89,13 @@ def test_accelerates_own_suite_passes_under_the_switch(capsys):
         if isinstance(runs, str):
             pytest.skip(runs)
     else:
-        if not (SUITE / peer_suite.BASELINE_NAME).exists():
-            pytest.skip(f"Accelerate's test suite is not at {SUITE} (it is not part of this repository).")
+        if not SUITE.baseline_path.exists():
+            pytest.skip(f"Accelerate's test suite is not at {SUITE.root} (it is not part of this repository).")
         if importlib.util.find_spec("accelerate") is None:
-            pytest.skip("the suite's test helpers come from the accelerate 1.15.0 wheel (hasten's test extra).")
-        runs = peer_suite.run_suite(SUITE, peer_suite.test_files(SUITE), jobs=2, progress=False)
+            pytest.skip("the suite's test helpers come from the accelerate 1.16.0 wheel (hasten's test extra).")
+        runs = peer_suite.run_suite(SUITES, jobs=2, progress=False)
     expected = peer_suite.read_expected()
-    report = peer_suite.compare(runs, peer_suite.read_baseline(SUITE), expected)
+    report = peer_suite.compare(runs, peer_suite.read_baselines(SUITES), expected)
     with capsys.disabled():
         peer_suite.print_report(report, runs, expected)
     problems = ([f"does not import: {p}" for p in report.not_importing]
@@ -96,10 +110,10 @@ def test_accelerates_own_suite_passes_under_the_switch(capsys):
 
 def test_a_failure_that_passes_alone_is_counted_and_named(tmp_path):
     """A test of the suite that measures the whole machine can fail beside other work: it is run once more, alone."""
-    if not (SUITE / peer_suite.BASELINE_NAME).exists():
-        pytest.skip(f"Accelerate's test suite is not at {SUITE} (it is not part of this repository).")
+    if not SUITE.baseline_path.exists():
+        pytest.skip(f"Accelerate's test suite is not at {SUITE.root} (it is not part of this repository).")
     nodes = {"tests/test_logging.py::test_log_stack"}
     run = peer_suite.FileRun("tests/test_logging.py", outcomes={"tests/test_logging.py::test_log_stack": "failed"})
-    peer_suite._rerun_failures(peer_suite.prepare_rootdir(SUITE, tmp_path), run, "hasten", nodes, progress=False)
+    peer_suite._rerun_failures(peer_suite.prepare_rootdir(SUITE.root, tmp_path), run, "hasten", nodes, progress=False)
     assert run.outcomes == {"tests/test_logging.py::test_log_stack": "passed"}
     assert run.passed_on_rerun == ["tests/test_logging.py::test_log_stack"]

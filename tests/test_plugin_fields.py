@@ -1,4 +1,4 @@
-"""The FSDP plugin holds what Accelerate 1.15's holds, because libraries read it (docs/with-libraries.md).
+"""The FSDP plugin holds what Accelerate 1.16's holds, because libraries read it (docs/with-libraries.md).
 
 Each field of `FullyShardedDataParallelPlugin` after construction is compared with Accelerate's own plugin
 (installed as a test dependency) built the same way, for fsdp_version 1 and 2, with and without the ``FSDP_*``

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from .core.lazy import lazy_exports
 
-__version__ = "1.15.0"
+__version__ = "1.16.0"
 
 if _os.environ.get("ACCELERATE_ENABLE_RICH", "").lower() in ("1", "true", "yes", "on"):  # as `import accelerate` does
     from .core import availability as _availability
@@ -60,7 +60,6 @@ _EXPORTS = {
     "dispatch_model": "big_modeling.dispatch",
     "load_checkpoint_and_dispatch": "big_modeling.dispatch",
     "infer_auto_device_map": "big_modeling.device_map",
-    "prepare_pippy": "strategies.parallel.pipeline",
     "is_rich_available": "core.availability",
 }
 

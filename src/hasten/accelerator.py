@@ -247,8 +247,7 @@ class Accelerator(ProcessPart, PreparePart, CheckpointPart, TrackerPart, Runtime
         mixed_precision = _first_given(mixed_precision, spec.mixed_precision, "no")
         self._fp8 = Fp8Setup.resolve(handlers.fp8_recipes, mixed_precision, self.device, deepspeed_plugin is not None)
         self.fp8_enabled, self.has_fp8_handler, self.delayed_fp8_autocast = self._fp8.enabled, self._fp8.has_handler, False
-        self.fp8_recipe_handler, self.ao_recipe_handler = self._fp8.fp8_recipe_handler, self._fp8.ao_recipe_handler
-        self.te_recipe_handler, self.msamp_recipe_handler = self._fp8.te_recipe_handler, self._fp8.msamp_recipe_handler
+        self.ao_recipe_handler, self.te_recipe_handler = self._fp8.ao_recipe_handler, self._fp8.te_recipe_handler
         self.profile_handler: ProfileKwargs | None = handlers.profile
         self.autocast_handler: AutocastKwargs | None = handlers.autocast
         if torch_tp_plugin is not None:  # Accelerate's deprecated plugin: only its tp_size is read

@@ -9,7 +9,7 @@ Example:
     >>> import hasten.as_accelerate  # doctest: +SKIP
     >>> import accelerate  # doctest: +SKIP
     >>> accelerate.__version__, accelerate.Accelerator.__module__  # doctest: +SKIP
-    ('1.15.0', 'hasten.accelerator')
+    ('1.16.0', 'hasten.accelerator')
 """
 
 from .process.aliasing import install as _install

@@ -1,9 +1,13 @@
-"""`get_logger`: a logger that prints once per run, not once per process.
+"""`get_logger`: a logger that prints once per run, not once per process; the library's verbosity.
 
 Records are emitted on the main process only, unless a call passes
 ``main_process_only=False`` (every process logs, the rank in front) or
 ``in_order=True`` (every process, rank by rank). The level comes from
 `log_level`, else ``HASTEN_LOG_LEVEL`` / ``ACCELERATE_LOG_LEVEL``.
+`set_verbosity` (and `set_verbosity_debug` / `_info` / `_warning` /
+`_error`) sets the level of the library's own loggers, those under
+``hasten`` and, as Accelerate 1.16's does, ``accelerate``; `get_verbosity`
+reads it back.
 
 Unlike the peer library, it needs no `Accelerator` or `PartialState` first:
 the rank is read from the launcher's environment (torchrun, MPI, SLURM),
@@ -14,11 +18,103 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from typing import Any, MutableMapping
 
 from .process.launch_spec import log_level_from_env
 
-__all__ = ["get_logger", "MultiProcessAdapter"]
+__all__ = ["get_logger", "MultiProcessAdapter", "get_verbosity", "set_verbosity", "set_verbosity_debug",
+           "set_verbosity_info", "set_verbosity_warning", "set_verbosity_error"]
+
+# The library's loggers: hasten's own names, and Accelerate's, which hasten's modules log under with the switch on.
+_LIBRARY_LOGGERS = ("hasten", "accelerate")
+
+
+def get_verbosity() -> int:
+    """The effective level of the library's logger (``accelerate`` with the accelerate switch on, else ``hasten``).
+
+    Example:
+        >>> import logging
+        >>> set_verbosity("info")
+        >>> get_verbosity() == logging.INFO
+        True
+        >>> set_verbosity(logging.NOTSET)  # back to following the root logger
+    """
+    switched = getattr(sys.modules.get("accelerate"), "__name__", None) == "hasten"
+    return logging.getLogger("accelerate" if switched else "hasten").getEffectiveLevel()
+
+
+def set_verbosity(verbosity: int | str) -> None:
+    """Set the level of the library's loggers: a `logging` level or its name in any case (``"warning"``).
+
+    Loggers below them that have no level of their own follow it; loggers given one (by `get_logger`'s
+    `log_level`, or ``ACCELERATE_LOG_LEVEL``) keep theirs; the root logger and other libraries' are untouched.
+
+    Example:
+        >>> import logging
+        >>> set_verbosity(logging.WARNING)
+        >>> logging.getLogger("hasten").level == logging.WARNING
+        True
+        >>> set_verbosity(logging.NOTSET)
+    """
+    level = verbosity.upper() if isinstance(verbosity, str) else verbosity
+    if isinstance(level, str) and level not in logging._nameToLevel:  # getLevelNamesMapping is 3.11+
+        raise ValueError(f"set_verbosity({verbosity!r}): not a logging level; use DEBUG, INFO, WARNING, ERROR or "
+                         "CRITICAL (or a logging constant).")
+    for name in _LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+def set_verbosity_debug() -> None:
+    """`set_verbosity(logging.DEBUG)`.
+
+    Example:
+        >>> import logging
+        >>> set_verbosity_debug()
+        >>> get_verbosity() == logging.DEBUG
+        True
+        >>> set_verbosity(logging.NOTSET)
+    """
+    set_verbosity(logging.DEBUG)
+
+
+def set_verbosity_info() -> None:
+    """`set_verbosity(logging.INFO)`.
+
+    Example:
+        >>> import logging
+        >>> set_verbosity_info()
+        >>> get_verbosity() == logging.INFO
+        True
+        >>> set_verbosity(logging.NOTSET)
+    """
+    set_verbosity(logging.INFO)
+
+
+def set_verbosity_warning() -> None:
+    """`set_verbosity(logging.WARNING)`.
+
+    Example:
+        >>> import logging
+        >>> set_verbosity_warning()
+        >>> get_verbosity() == logging.WARNING
+        True
+        >>> set_verbosity(logging.NOTSET)
+    """
+    set_verbosity(logging.WARNING)
+
+
+def set_verbosity_error() -> None:
+    """`set_verbosity(logging.ERROR)`.
+
+    Example:
+        >>> import logging
+        >>> set_verbosity_error()
+        >>> get_verbosity() == logging.ERROR
+        True
+        >>> set_verbosity(logging.NOTSET)
+    """
+    set_verbosity(logging.ERROR)
 
 
 @functools.lru_cache(maxsize=1)

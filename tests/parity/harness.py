@@ -1,6 +1,6 @@
 """Run one script under Accelerate (the peer) and under hasten (imports rewritten), read and compare their records.
 
-The scripts in ``scripts/`` are written for Accelerate 1.15 and append one
+The scripts in ``scripts/`` are written for Accelerate 1.16 and append one
 JSON line per step to ``OUT/records_rank<R>.jsonl``. Here a script is
 started the way a user starts it (plain ``python`` on one process;
 ``accelerate launch --multi_gpu`` / ``hasten launch`` on several), its

@@ -1,4 +1,4 @@
-"""Run every parity script under Accelerate 1.15 and under hasten, 1 and 2 processes, and print the parity table.
+"""Run every parity script under Accelerate 1.16 and under hasten, 1 and 2 processes, and print the parity table.
 
 One row per case (a matrix scenario or a client script) and process count:
 steps compared, the first differing step and fields, max |loss diff|,

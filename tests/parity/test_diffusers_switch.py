@@ -10,7 +10,7 @@
   ``enable_sequential_cpu_offload``, ComponentsManager's hooks), and runs
   them; its record (device maps, hooks, parameter devices, offload files,
   outputs) must be the same under both libraries, the outputs bit for bit.
-  One exception: on the CPU, Accelerate 1.15 fails sequential offload
+  One exception: on the CPU, Accelerate 1.16 fails sequential offload
   (see ``ACCELERATE_FAILS_ON_CPU``); hasten's images are then compared with
   the unhooked pipeline's.
 - ``scripts/diffusers_client.py`` (diffusers' train_unconditional style,
@@ -40,7 +40,7 @@ pytest.importorskip("diffusers")
 np = pytest.importorskip("numpy")
 pytestmark = [pytest.mark.parity, pytest.mark.timeout(600)]
 LOADING = SCRIPTS / "diffusers_loading_client.py"
-# Accelerate 1.15's cpu_offload with the execution device torch.device("cpu:0") (what diffusers'
+# Accelerate 1.16's cpu_offload with the execution device torch.device("cpu:0") (what diffusers'
 # enable_sequential_cpu_offload(device="cpu") passes) raises TypeError in the first forward's post_forward
 # (set_module_tensor_to_device back to meta); hasten runs it. Only where an accelerator is the device do both run.
 ACCELERATE_FAILS_ON_CPU = {"pipeline_sequential_cpu_offload": "TypeError"}
@@ -91,7 +91,7 @@ def loading(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, d
 def test_diffusers_loads_and_offloads_like_accelerate(loading: dict[str, tuple[dict, dict]]) -> None:
     (theirs, their_arrays), (ours, our_arrays) = loading[PEER], loading["hasten"]
     assert theirs["served_by"] == "accelerate.accelerator" and ours["served_by"] == "hasten.accelerator"
-    assert ours["accelerate"] == "1.15.0"  # diffusers' version checks see Accelerate's version
+    assert ours["accelerate"] == "1.16.0"  # diffusers' version checks see Accelerate's version
     assert sorted(theirs["cases"]) == sorted(ours["cases"])
     differ = []
     for name, expected in theirs["cases"].items():

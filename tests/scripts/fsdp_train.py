@@ -10,7 +10,9 @@ processes build the model on the meta device and receive the main process's weig
 launcher, every variant trains unsharded: the 1-process reference.
 `action`: ``save@K@DIR`` saves a checkpoint after K optimizer steps and goes
 on; ``resume@DIR`` loads it and trains the remaining steps; ``midsave`` tries to
-save between two optimizer steps and records the error.
+save between two optimizer steps and records the error; ``clipvalue`` clips by value
+instead of by norm. Every run records the first step's gradient norms
+(`clip_grad_norm_` with ``max_norm=inf``: 2, inf and 0), which measure without clipping.
 
 The main process writes ``OUT_DIR/NAME.safetensors`` (the full state dict
 from `get_state_dict`), every process ``OUT_DIR/NAME.rank<R>.json`` (losses,
@@ -110,13 +112,18 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
         directory = Path(action.split("@", 1)[1])
         accelerator.load_state(str(directory))
         done = int(json.loads((directory / "steps.json").read_text())["done"])
-    losses = []
+    losses, norms = [], None
     while done < steps:
         for x, y in loader:
             with accelerator.accumulate(model):
                 loss = nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)
-                if accelerator.sync_gradients:  # (clip_grad_norm_ clips whenever called, as Accelerate's)
+                if accelerator.sync_gradients and norms is None:  # max_norm=inf measures, never clips (1.16)
+                    norms = [accelerator.clip_grad_norm_(model.parameters(), float("inf"), norm_type=kind).item()
+                             for kind in (2.0, float("inf"), 0.0)]
+                if accelerator.sync_gradients and action == "clipvalue":
+                    accelerator.clip_grad_value_(model.parameters(), 0.05)  # under FSDP2 too, as in Accelerate 1.16
+                elif accelerator.sync_gradients:  # (clip_grad_norm_ clips whenever called, as Accelerate's)
                     accelerator.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad()
@@ -141,7 +148,7 @@ def run(out: Path, name: str, batch: int, accum: int, sync_each: bool, steps: in
     if accelerator.is_main_process:
         accelerator.save({k: v.float().contiguous() for k, v in state.items()}, out / f"{name}.safetensors",
                          safe_serialization=True)
-    info = {"losses": losses, "local_params": local, "total_params": total, "state_keys": len(state), "error": error,
+    info = {"losses": losses, "norms": norms, "local_params": local, "total_params": total, "state_keys": len(state), "error": error,
             "distributed_type": accelerator.state.distributed_type.value,
             "fsdp_plugin": type(accelerator.state.fsdp_plugin).__name__,
             "mesh": list(getattr(accelerator.strategy, "mesh", None).mesh_dim_names or ()) if variant in ("hsdp", "tp") else None}

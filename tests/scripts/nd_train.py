@@ -2,6 +2,7 @@
 
 Usage: nd_train.py OUT_DIR    (2 processes: dp_shard=2, dp_replicate=2, tp=2;
                                4 processes: dp_shard=4, dp_replicate=4, HSDP 2x2, dp_shard=2 x tp=2, tp=4,
+                               dp_replicate=2 x tp=2,
                                and save_state / load_state for HSDP, FSDP x TP and TP)
 
 For each layout the normal loop (prepare, backward, optimizer.step) trains a
@@ -175,7 +176,8 @@ LAYOUTS = {
     2: {"dp_shard=2": {"dp_shard_size": 2}, "dp_replicate=2": {"dp_replicate_size": 2}, "tp=2": {"tp_size": 2}},
     4: {"dp_shard=4": {"dp_shard_size": 4}, "dp_replicate=4": {"dp_replicate_size": 4},
         "hsdp=2x2": {"dp_replicate_size": 2, "dp_shard_size": 2}, "dp_shard=2,tp=2": {"dp_shard_size": 2, "tp_size": 2},
-        "tp=4": {"tp_size": 4}, "split before prepare": {"dp_shard_size": 2, "tp_size": 2, "presplit": True}},
+        "tp=4": {"tp_size": 4}, "split before prepare": {"dp_shard_size": 2, "tp_size": 2, "presplit": True},
+        "dp_replicate=2,tp=2": {"dp_replicate_size": 2, "tp_size": 2}},
 }
 RESUMED = {4: ["hsdp=2x2", "dp_shard=2,tp=2", "tp=4"]}
 

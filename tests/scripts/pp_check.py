@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hasten import PartialState
-from hasten.inference import build_pipeline, pippy_forward, prepare_pippy
+from hasten.strategies.parallel import build_pipeline, pippy_forward, prepare_pippy
 from hasten.strategies.parallel import prepare_pipeline_training
 
 

@@ -45,8 +45,9 @@ _EXPORTS = {
     "infer_auto_device_map": "device_map",
     "get_balanced_memory": "device_map",
     "attach_layerwise_casting_hooks": "casting",
+    "_refuse_recurrent_layers_under_sequence_parallelism": "model_helpers",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(name for name in _EXPORTS if not name.startswith("_"))
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 

@@ -189,7 +189,8 @@ def disk_offload(model: nn.Module, offload_dir: str | os.PathLike[str], executio
 
 
 def _guard_moves(model: nn.Module) -> None:
-    """Wrap `model.to`/`.cuda`/... so moving a dispatched model warns, and fails while weights are offloaded."""
+    """Wrap `model.to` (and the accelerator's own move, `.cuda` on CUDA) so moving a dispatched model warns, and
+    fails while weights are offloaded; the wrappers are marked for `remove_hook_from_module` (Accelerate 1.16's)."""
 
     def guarded(method: Any) -> Any:
         @functools.wraps(method)
@@ -201,9 +202,13 @@ def _guard_moves(model: nn.Module) -> None:
                                    "so it cannot be moved.")
             return method(*args, **kwargs)
 
+        wrapper._accelerate_added_attribute = True  # type: ignore[attr-defined]
         return wrapper
 
-    for name in ("to", "cuda", "npu", "xpu", "mlu", "musa"):
+    from ..core.accelerators import get_torch_accelerator_backend
+
+    device_type, _ = get_torch_accelerator_backend()
+    for name in ("to", *([device_type] if device_type else [])):
         if hasattr(model, name):
             setattr(model, name, guarded(getattr(model, name)))
 

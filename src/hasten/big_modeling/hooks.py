@@ -26,8 +26,6 @@ __all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_fro
            "attach_execution_device_hook", "attach_align_device_hook", "attach_align_device_hook_on_blocks",
            "remove_hook_from_submodules", "CpuOffload", "UserCpuOffloadHook"]
 
-# Methods `dispatch_model` wraps on the model instance; removing hooks drops them again.
-_ADDED_ATTRIBUTES = ("to", "cuda", "npu", "xpu", "mlu", "musa")
 _META = torch.device("meta")
 
 
@@ -170,8 +168,8 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
             module.__dict__.pop("forward", None)
         else:
             module.forward = old
-    for name in _ADDED_ATTRIBUTES:
-        module.__dict__.pop(name, None)
+    for name in [name for name, value in module.__dict__.items() if getattr(value, "_accelerate_added_attribute", False)]:
+        module.__dict__.pop(name)  # `dispatch_model`'s guarded moves
     if recurse:
         for child in module.children():
             remove_hook_from_module(child, recurse=True)

@@ -49,6 +49,7 @@ __all__ = [
     "id_tensor_storage",
     "is_peft_model",
     "load_state_dict",
+    "refuse_recurrent_layers",
 ]
 
 logger = get_logger(__name__)
@@ -411,3 +412,33 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.Gr
 
         return ShardedGradScaler(**kwargs)
     return torch.amp.GradScaler(**kwargs)
+
+
+def refuse_recurrent_layers(model: Any) -> None:
+    """Refuse, in one sentence, a model with linear-attention layers about to be cut along the sequence.
+
+    Sequence parallelism (DeepSpeed's Ulysses) gathers the whole sequence around each attention call, which
+    leaves ordinary attention exact; a linear-attention (recurrent) layer computes its state in its own code,
+    so every process would restart it from zero: wrong gradients that a loss curve does not show. Read from
+    the model's (text) config's ``layer_types``; a model without them passes.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> refuse_recurrent_layers(SimpleNamespace(config=SimpleNamespace(layer_types=["full_attention"])))
+        >>> refuse_recurrent_layers(SimpleNamespace(config=SimpleNamespace(layer_types=["linear_attention"])))
+        Traceback (most recent call last):
+        ...
+        ValueError: sequence parallelism cannot shard SimpleNamespace's ['linear_attention'] layers, whose recurrent state along the sequence would restart on every process; use a full-attention model, or, if those layers exchange that state across the sequence-parallel processes themselves, set DeepSpeedSequenceParallelConfig(sp_allow_recurrent_layers=True).
+    """
+    config: Any = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    recurrent = sorted({kind for kind in (getattr(config, "layer_types", None) or []) if "linear_attention" in kind})
+    if recurrent:
+        raise ValueError(f"sequence parallelism cannot shard {type(model).__name__}'s {recurrent} layers, whose "
+                         "recurrent state along the sequence would restart on every process; use a full-attention "
+                         "model, or, if those layers exchange that state across the sequence-parallel processes "
+                         "themselves, set DeepSpeedSequenceParallelConfig(sp_allow_recurrent_layers=True).")
+
+
+# Accelerate's (private) name, which its tests import from ``accelerate.big_modeling``.
+_refuse_recurrent_layers_under_sequence_parallelism = refuse_recurrent_layers

@@ -4,7 +4,7 @@
 function a script imports as ``accelerate.utils.save``: only the main process
 writes (with ``save_on_each_node=True``, the first process of each node), and
 ``safe_serialization`` defaults to False (pickle through `torch.save`), as in
-Accelerate 1.15. A state dict (an ``OrderedDict``) saved as safetensors
+Accelerate 1.16. A state dict (an ``OrderedDict``) saved as safetensors
 keeps each tied weight once, under its first name, as Accelerate's does.
 """
 

@@ -76,9 +76,9 @@ def rng_from_accelerate(states: dict[str, Any]) -> dict[str, Any]:
         keys = torch.from_numpy(np.asarray(keys).astype(np.int64))
     converted = {"random_state": states["random_state"], "torch_manual_seed": states["torch_manual_seed"],
                  "numpy_random_seed": (kind, keys, int(position), int(has_gauss), float(gauss))}
-    for key in ("torch_cuda_manual_seed", "step"):
-        if key in states:
-            converted[key] = states[key]
+    for key, value in states.items():  # the step, and each device type's generators (`torch_<type>_manual_seed`)
+        if key == "step" or (key.startswith("torch_") and key.endswith("_manual_seed") and key != "torch_manual_seed"):
+            converted[key] = value
     return converted
 
 

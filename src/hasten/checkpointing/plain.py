@@ -42,7 +42,7 @@ from .constants import (
 )
 from .foreign import rng_from_accelerate
 from .model_files import write_weights
-from .rng import restore_rng_state
+from .rng import device_rng_states, restore_rng_state
 from .state import indexed_name, read_pickle
 
 __all__ = ["save_accelerator_state", "load_accelerator_state"]
@@ -58,8 +58,7 @@ def _rng_states(step: int) -> dict[str, Any]:
 
     states: dict[str, Any] = {"step": step, "random_state": random.getstate(),
                               "numpy_random_seed": np.random.get_state(), "torch_manual_seed": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    states.update(device_rng_states(initialised_only=False))  # as Accelerate: the device's, even before it is used
     return states
 
 

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+from shutil import which
 from typing import Any
 
 _INTEGRATIONS = ("deepspeed", "transformers", "safetensors", "tensorboard", "wandb", "mlflow", "torchvision", "numpy",
@@ -66,9 +67,7 @@ def collect(config_file: str | None = None) -> dict[str, Any]:
     except ImportError:
         info["torch"] = "not installed"
     info["integrations"] = {name: _version(name) for name in _INTEGRATIONS if _version(name)}
-    import shutil
-
-    info["mpirun"] = shutil.which("mpirun") or "not found"
+    info["mpirun"] = which("mpirun") or "not found"
     path = config_file or str(default_config_path())
     try:
         info["config file"] = path if os.path.exists(path) else f"{path} (absent: defaults used)"
@@ -117,13 +116,11 @@ def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 def env_command(args: argparse.Namespace) -> dict[str, Any]:
     """Print Accelerate's bug-report facts (versions, platform, accelerator, RAM, the config) and return them."""
-    import shutil
-
     from .. import __version__
     from ..launch.accelerate_config_file import default_config_file, load_config_from_file
 
     info: dict[str, Any] = {"`Accelerate` version": __version__, "Platform": platform.platform(),
-                            "`accelerate` bash location": shutil.which("accelerate") or "Not found",
+                            "`accelerate` bash location": which("accelerate") or "Not found",
                             "Python version": platform.python_version(),
                             "Numpy version": _version("numpy") or "Not found"}
     try:

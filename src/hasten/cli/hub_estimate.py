@@ -176,7 +176,7 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: str | None = None) -> dict[str, int]:
+def estimate_training_usage(bytes: int, mixed_precision: str) -> dict[str, int]:
     """Training memory at batch size 1 for a model of `bytes` in `mixed_precision` (-1: not estimated).
 
     Example:
@@ -187,7 +187,7 @@ def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: str 
     full, half = bytes, bytes // 2
     if mixed_precision == "float32":
         sizes.update(model=full, gradients=full, optimizer=full * 2, step=full * 4)
-    elif mixed_precision in ("float16", "bfloat16") or (mixed_precision == "fp8" and msamp_config is None):
+    elif mixed_precision in ("float16", "bfloat16", "fp8"):
         # weights kept in fp32 too; gradients: weight gradient plus half-precision compute
         sizes.update(model=full, gradients=full + half, optimizer=full * 2, step=full * 2)
     return sizes

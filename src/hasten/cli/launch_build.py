@@ -192,11 +192,14 @@ def launch_env(args: argparse.Namespace, config: LaunchConfig) -> dict[str, str]
 
 
 def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch, in_this_process: bool = True,
-               extra_env: Mapping[str, str] | None = None) -> Any:
+               extra_env: Mapping[str, str] | None = None, through_torchrun: bool = False,
+               check_script: bool = True) -> Any:
     """The `LaunchPlan` of a resolved launch, refused in one sentence where it cannot work; nothing starts.
 
     `in_this_process`: a one-process run in this process (`hasten launch`)
-    or as a child (`accelerate launch`); `extra_env` reaches every process.
+    or as a child (`accelerate launch`); `extra_env` reaches every process;
+    `through_torchrun`: torch's elastic agent even for one process (Accelerate's multi-GPU launcher);
+    `check_script=False`: a missing script fails where it runs, not here (`accelerate launch`).
     """
     from ..launch.plan import LaunchPlan
 
@@ -217,7 +220,8 @@ def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch, in_this_proce
     if no_python and getattr(args, "module", False):
         raise ConfigError("--module and --no_python cannot be used together; keep one of them.")
     return LaunchPlan(
-        target=args.training_script, target_args=tuple(args.training_script_args or ()), module=bool(args.module),
+        target=args.training_script, target_args=tuple(args.training_script_args or ()),
+        module=bool(getattr(args, "module", False)),
         num_processes=config.num_processes, num_machines=config.num_machines, min_machines=config.min_machines,
         machine_rank=config.machine_rank,
         main_process_ip=config.main_process_ip, main_process_port=_port(config), rdzv_backend=config.rdzv_backend,
@@ -225,10 +229,11 @@ def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch, in_this_proce
         liveness_timeout=config.liveness_timeout, mpirun=config.mpirun, mpirun_hostfile=config.mpirun_hostfile,
         gpu_ids=config.gpu_ids, network_interface=config.network_interface, quiet=bool(getattr(args, "quiet", False)),
         spec=spec, extra_env={**launch_env(args, config), **(extra_env or {})},
-        in_this_process=in_this_process and not no_python, rdzv_conf=_rdzv_conf(getattr(args, "rdzv_conf", "")) or None,
+        in_this_process=in_this_process and not no_python, through_torchrun=through_torchrun,
+        rdzv_conf=_rdzv_conf(getattr(args, "rdzv_conf", "")) or None,
         tee=str(getattr(args, "tee", "0")), log_dir=getattr(args, "log_dir", None),
         role=getattr(args, "role", "default"), no_python=no_python,
-    ).validate()
+    ).validate(check_script=check_script)
 
 
 def deepspeed_runs_itself(config: LaunchConfig) -> bool:

@@ -1,6 +1,6 @@
 """The flags of the launch command: `hasten launch` and, under the switch, `accelerate launch` (one table).
 
-Every flag of Accelerate 1.15's `accelerate launch` is here with its name,
+Every flag of Accelerate 1.16's `accelerate launch` is here with its name,
 destination, default and type, so a namespace parsed here means what
 Accelerate's means, and hasten's own flags are added to the same groups
 (marked "hasten:" in their help). Each option takes hyphens or underscores
@@ -53,10 +53,10 @@ _SCHEMA_HELP = {f.name: f.metadata["help"] for schema in (LaunchConfig, DeepSpee
                 for f in dataclasses.fields(schema)}
 
 
-def _switch(*names: str, text: str | None = None, negatable: bool = True) -> _Flag:
-    """A yes/no flag (False when absent, as Accelerate's); `negatable` adds ``--no-NAME`` for each name."""
+def _switch(*names: str, text: str | None = None, negatable: bool = True, default: bool | None = False) -> _Flag:
+    """A yes/no flag (`default` when absent: False, as most of Accelerate's); `negatable` adds ``--no-NAME``."""
     negations = tuple(f"--no-{name[2:]}" for name in names if name.startswith("--")) if negatable else ()
-    return names + negations, {"action": SwitchAction if negatable else _StoreTrueAction, "default": False,
+    return names + negations, {"action": SwitchAction if negatable else _StoreTrueAction, "default": default,
                                "help": text}
 
 
@@ -108,7 +108,9 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
                text="torch.compile backend for prepared models ('no': do not compile)"),
         _value("--dynamo_mode", default="default", choices=TORCH_DYNAMO_MODES, text="torch.compile mode"),
         _switch("--dynamo_use_fullgraph", text="compile the whole model as one graph"),
-        _switch("--dynamo_use_dynamic", text="compile with dynamic shapes"),
+        _switch("--dynamo_use_dynamic", default=None,
+                text="compile with dynamic shapes (not given: torch.compile's own default, which turns to dynamic "
+                     "shapes after the first recompilation)"),
         _switch("--dynamo_use_regional_compilation", text="compile each repeated block instead of the whole model"),
     ]),
     ("Training Paradigm Arguments", "The engine the processes train with.", [
@@ -210,8 +212,7 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
                              ("calculate_per_token_loss", str), ("use_rotary_position_embeddings", str))],
     ]),
     ("FP8 Arguments", "fp8 recipe settings (with --mixed_precision fp8; read by Accelerator() as ACCELERATE_FP8_*).", [
-        _value("--fp8_backend", type=str.lower, choices=["ao", "te", "msamp"],
-               text="fp8 backend: torchao or Transformer Engine (MS-AMP is refused by Accelerator())"),
+        _value("--fp8_backend", type=str.lower, choices=["ao", "te"], text="fp8 backend: torchao or Transformer Engine"),
         _switch("--fp8_use_autocast_during_eval", text="Transformer Engine: fp8 autocast in evaluation too",
                 negatable=False),
         _value("--fp8_margin", kind=int, default=0, text="Transformer Engine's scaling margin"),
@@ -222,7 +223,6 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
                text="how amax is computed"),
         _value("--fp8_override_linear_precision", kind=_fp8_override, default=(False, False, False),
                text="fprop,dgrad,wgrad in higher precision (three true/false words)"),
-        _value("--fp8_opt_level", default="O2", choices=["O1", "O2"], text="MS-AMP level (MS-AMP is refused)"),
         _value("--fp8_enable_fsdp_float8_all_gather", kind=str_to_bool, default="true",
                text="torchao: all-gather FSDP2 weights in fp8"),
         _value("--fp8_pad_inner_dim", kind=str_to_bool, default="true", text="torchao: pad inner dimensions to 16"),

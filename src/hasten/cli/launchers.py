@@ -12,7 +12,11 @@ resolution of flags and config file (`launch_settings`), the same plan
   for several GPUs or FSDP, the simple one), each of which starts the one
   plan; a one-process run is a child process, not this one;
 - the accelerate switch is on in every process (`import accelerate` gets hasten);
+- a one-process run's child writes its stderr through, and the last 512 KiB
+  of it go with the error (`hasten.launch.child`);
 - a failed run raises `subprocess.CalledProcessError` (with `--quiet`: exits 1);
+- Ctrl-C / SIGTERM stop every process the run started, and the launcher exits
+  130 / 128 + the signal (as Accelerate 1.16's);
 - TPU, SageMaker and Megatron-LM runs are refused in one sentence.
 
 Example:
@@ -28,7 +32,10 @@ import subprocess
 import sys
 from typing import Any
 
+import psutil  # noqa: F401  (Accelerate's module has it: tests patch `accelerate.commands.launch.psutil.Popen`)
+
 from ..launch.accelerate_config_file import ClusterConfig, SageMakerConfig, config_object
+from ..launch.child import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
 from .launch_build import build_plan, deepspeed_runs_itself, print_notes, switch_env
 from .launch_flags import DESCRIPTION, add_launch_arguments
 from .launch_settings import ResolvedLaunch, namespace_view, resolve_config
@@ -36,7 +43,8 @@ from .launcher_env import run_deepspeed_itself
 from .recording_parser import CustomArgumentParser, CustomHelpFormatter
 
 __all__ = ["launch_command_parser", "_validate_launch_command", "launch_command", "simple_launcher",
-           "multi_gpu_launcher", "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher", "main"]
+           "multi_gpu_launcher", "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher", "main",
+           "CHILD_STDERR_CHUNK_SIZE", "CHILD_STDERR_TAIL_CHUNKS", "psutil"]
 
 logger = logging.getLogger(__name__)
 _RESOLVED = "_launch_settings"  # the namespace attribute that keeps what `_validate_launch_command` resolved
@@ -93,25 +101,39 @@ def _resolved(args: argparse.Namespace) -> ResolvedLaunch:
     return getattr(args, _RESOLVED)
 
 
-def _start(args: argparse.Namespace) -> None:
-    """Start the resolved launch as Accelerate's launchers do: a child process at least, the switch on, errors raised."""
-    from ..launch.run import execute
+def _start(args: argparse.Namespace, through_torchrun: bool = False) -> None:
+    """Start the resolved launch as Accelerate's launchers do: a child process at least, the switch on, errors raised.
+
+    Stopped by Ctrl-C or a signal, it exits 128 + the signal (130 for Ctrl-C) once every process has ended.
+    """
+    from ..launch.run import execute_outcome
 
     resolved = _resolved(args)
+    quiet = bool(getattr(args, "quiet", False))
+    tail = ""
     if deepspeed_runs_itself(resolved.config):
         code, command = run_deepspeed_itself(args, resolved, switch=True), ["deepspeed"]
     else:
-        plan = build_plan(args, resolved, in_this_process=False, extra_env=switch_env())
-        if not args.quiet:
+        # As Accelerate's: a missing script fails in the child, whose stderr then goes with the error
+        plan = build_plan(args, resolved, in_this_process=False, extra_env=switch_env(),
+                          through_torchrun=through_torchrun, check_script=False)
+        if not quiet:
             print_notes(resolved, "accelerate launch")
-        if args.dry_run:
+        if getattr(args, "dry_run", False):
             print(plan.describe())
             return
-        code, command = execute(plan), plan.command()
+        try:
+            outcome = execute_outcome(plan)
+        except KeyboardInterrupt:  # the agent let Ctrl-C through after stopping its workers
+            sys.exit(130)
+        if outcome.signum is not None:
+            sys.exit(128 + outcome.signum)
+        code, command, tail = outcome.code, plan.command(), outcome.stderr_tail
     if code != 0:
-        if args.quiet:
+        if quiet:
             sys.exit(1)
-        raise subprocess.CalledProcessError(returncode=code, cmd=command)
+        error = subprocess.CalledProcessError(returncode=code, cmd=command, stderr=tail or None)
+        raise error from (RuntimeError(tail) if tail else None)
 
 
 def simple_launcher(args: argparse.Namespace) -> None:
@@ -120,8 +142,8 @@ def simple_launcher(args: argparse.Namespace) -> None:
 
 
 def multi_gpu_launcher(args: argparse.Namespace) -> None:
-    """Accelerate's torchrun launcher (several GPUs, FSDP): the run's processes through torchrun."""
-    _start(args)
+    """Accelerate's torchrun launcher (several GPUs, FSDP): the run's processes through torchrun, even just one."""
+    _start(args, through_torchrun=True)
 
 
 def deepspeed_launcher(args: argparse.Namespace) -> None:
@@ -130,7 +152,7 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
 
     if find_spec("deepspeed") is None:
         raise ImportError("DeepSpeed is not installed; pip install deepspeed (or build it from source).")
-    _start(args)
+    _start(args, through_torchrun=True)
 
 
 def tpu_launcher(args: argparse.Namespace) -> None:

@@ -6,9 +6,9 @@ Example:
     True
 """
 
-from ..cli.env_command import env_command, env_command_parser, main
+from ..cli.env_command import env_command, env_command_parser, main, which
 
-__all__ = ["env_command", "env_command_parser", "main"]
+__all__ = ["env_command", "env_command_parser", "main", "which"]
 
 
 if __name__ == "__main__":  # python -m accelerate.commands.env, under the switch

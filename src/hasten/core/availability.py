@@ -26,42 +26,26 @@ PROBES = [
     "is_aim_available", "is_bf16_available", "is_boto3_available", "is_clearml_available", "is_comet_ml_available",
     "is_cuda_available", "is_datasets_available", "is_deepspeed_available", "is_dvclive_available", "is_fp16_available",
     "is_fp8_available", "is_hpu_available", "is_ipex_available", "is_matplotlib_available", "is_megatron_lm_available",
-    "is_mlflow_available", "is_mlu_available", "is_mps_available", "is_msamp_available", "is_musa_available",
-    "is_npu_available", "is_numpy_available", "is_pandas_available", "is_peft_available", "is_pippy_available",
+    "is_mlflow_available", "is_mlu_available", "is_mps_available", "is_musa_available",
+    "is_npu_available", "is_numpy_available", "is_pandas_available", "is_peft_available",
     "is_pynvml_available", "is_pytest_available", "is_rich_available", "is_safetensors_available",
     "is_sagemaker_available", "is_schedulefree_available", "is_sdaa_available", "is_swanlab_available",
     "is_tensorboard_available", "is_timm_available", "is_torch_distributed_available", "is_torch_xla_available",
     "is_torchao_available", "is_torchdata_available", "is_torchdata_stateful_dataloader_available",
     "is_torchvision_available", "is_tqdm_available", "is_trackio_available", "is_transformer_engine_available",
-    "is_transformers_available", "is_triton_available", "is_wandb_available", "is_weights_only_available",
+    "is_transformers_available", "is_triton_available", "is_wandb_available",
     "is_xpu_available", "is_bnb_available", "is_4bit_bnb_available", "is_8bit_bnb_available",
     "is_bitsandbytes_multi_backend_available",
     "is_lomo_available", "is_rocm_available", "is_import_timer_available", "is_neuron_available", "is_xccl_available",
     "is_habana_gaudi1", "is_transformer_engine_mxfp8_available", "is_amdsmi_available",
 ]
-# The releases from which Accelerate 1.15 offers a feature (its ``utils.constants`` names; tests and libraries
-# compare installed versions with them).
+# The releases from which Accelerate 1.16 offers a feature (its ``utils.constants`` names; tests and libraries
+# compare installed versions with them). 1.16 dropped its ``*_PYTORCH_VERSION`` constants with the old torch releases.
 MINIMUM_VERSIONS = {
-    "FSDP_PYTORCH_VERSION": "2.1.0.a0+32f93b1",  # a 2.1 pre-release, so the builds MS-AMP ships pass
-    "FSDP2_PYTORCH_VERSION": "2.6.0",
-    "DTENSOR_PYTORCH_VERSION": "2.5.0",
-    "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION": "2.2.0",
-    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION": "2.4.0",
-    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION": "2.1.0",
-    "BETA_TP_AVAILABLE_PYTORCH_VERSION": "2.3.0",
     "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION": "4.52.0",
-    "BETA_CP_AVAILABLE_PYTORCH_VERSION": "2.6.0",
     "BETA_SP_AVAILABLE_DEEPSPEED_VERSION": "0.18.2",
 }
-FSDP_PYTORCH_VERSION = MINIMUM_VERSIONS["FSDP_PYTORCH_VERSION"]
-FSDP2_PYTORCH_VERSION = MINIMUM_VERSIONS["FSDP2_PYTORCH_VERSION"]
-DTENSOR_PYTORCH_VERSION = MINIMUM_VERSIONS["DTENSOR_PYTORCH_VERSION"]
-ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = MINIMUM_VERSIONS["ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION"]
-XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = MINIMUM_VERSIONS["XPU_PROFILING_AVAILABLE_PYTORCH_VERSION"]
-MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = MINIMUM_VERSIONS["MITA_PROFILING_AVAILABLE_PYTORCH_VERSION"]
-BETA_TP_AVAILABLE_PYTORCH_VERSION = MINIMUM_VERSIONS["BETA_TP_AVAILABLE_PYTORCH_VERSION"]
 BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = MINIMUM_VERSIONS["BETA_TP_AVAILABLE_TRANSFORMERS_VERSION"]
-BETA_CP_AVAILABLE_PYTORCH_VERSION = MINIMUM_VERSIONS["BETA_CP_AVAILABLE_PYTORCH_VERSION"]
 BETA_SP_AVAILABLE_DEEPSPEED_VERSION = MINIMUM_VERSIONS["BETA_SP_AVAILABLE_DEEPSPEED_VERSION"]
 
 # Beyond the probes (the peer has them in ``utils.versions``).
@@ -96,7 +80,6 @@ is_deepspeed_available = _package_probe("is_deepspeed_available", "deepspeed")
 is_dvclive_available = _package_probe("is_dvclive_available", "dvclive")
 is_matplotlib_available = _package_probe("is_matplotlib_available", "matplotlib")
 is_mlflow_available = _package_probe("is_mlflow_available", "mlflow")
-is_msamp_available = _package_probe("is_msamp_available", "msamp")
 is_pandas_available = _package_probe("is_pandas_available", "pandas")
 is_peft_available = _package_probe("is_peft_available", "peft")
 is_pynvml_available = _package_probe("is_pynvml_available", "pynvml")
@@ -200,7 +183,6 @@ def _never(name: str, reason: str, **parameters: Any) -> Callable[..., bool]:
 is_torch_xla_available = _never("is_torch_xla_available", "hasten has no TPU / XLA backend", check_is_tpu=False,
                                 check_is_gpu=False)
 is_megatron_lm_available = _never("is_megatron_lm_available", "hasten has no Megatron-LM engine")
-is_pippy_available = _never("is_pippy_available", "hasten uses torch.distributed.pipelining directly, not the PiPPy package")
 is_ipex_available = _never("is_ipex_available", "hasten does not use Intel Extension for PyTorch")
 for _name in ("mlu", "sdaa", "musa", "npu", "neuron"):
     globals()[f"is_{_name}_available"] = _never(f"is_{_name}_available", f"hasten has no {_name.upper()} backend",
@@ -359,16 +341,6 @@ def is_torchdata_stateful_dataloader_available() -> bool:
         True
     """
     return _installed("torchdata") and importlib.util.find_spec("torchdata.stateful_dataloader") is not None
-
-
-def is_weights_only_available() -> bool:
-    """True: torch.load(weights_only=True) exists in every torch hasten supports.
-
-    Example:
-        >>> is_weights_only_available()
-        True
-    """
-    return True
 
 
 # -- versions ------------------------------------------------------------

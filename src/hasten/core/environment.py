@@ -226,27 +226,24 @@ def are_libraries_initialized(*library_names: str) -> list[str]:
     return [name for name in library_names if name in sys.modules]
 
 
-# (probe, device type, Accelerate's multi-device distributed type), in Accelerate's order of preference
-_DEVICE_KINDS = (("is_mlu_available", "mlu", "MULTI_MLU"), ("is_sdaa_available", "sdaa", "MULTI_SDAA"),
-                 ("is_musa_available", "musa", "MULTI_MUSA"), ("is_npu_available", "npu", "MULTI_NPU"),
-                 ("is_hpu_available", "hpu", "MULTI_HPU"), ("is_xpu_available", "xpu", "MULTI_XPU"),
-                 ("is_neuron_available", "neuron", "MULTI_NEURON"))
-
-
 def get_current_device_type() -> tuple[str, str]:
-    """``(device type, distributed type)`` of this machine's accelerators, found without initialising one:
-    ``("cuda", "MULTI_GPU")`` unless another kind of accelerator is there (as Accelerate decides it).
+    """``(device type, distributed type)`` of the accelerator torch reports, found without initialising it:
+    ``("cpu", "NO")`` on a machine without one, ``("cuda", "MULTI_GPU")`` with CUDA, ``(type, "MULTI_TYPE")`` for
+    another accelerator with a distributed backend, ``(type, "NO")`` for one without (Accelerate 1.16's answer).
 
     Example:
-        >>> get_current_device_type()[0] in ("cuda", "xpu", "npu", "hpu", "mlu", "sdaa", "musa", "neuron")
+        >>> device_type, distributed_type = get_current_device_type()
+        >>> distributed_type == "NO" or distributed_type.startswith("MULTI_")
         True
     """
-    from . import availability
+    from .accelerators import get_distributed_backend, get_torch_accelerator_backend
 
-    for probe, device_type, distributed_type in _DEVICE_KINDS:
-        if getattr(availability, probe)():
-            return device_type, distributed_type
-    return "cuda", "MULTI_GPU"
+    device_type, _ = get_torch_accelerator_backend(check_available=False)
+    if device_type is None:
+        return "cpu", "NO"
+    if get_distributed_backend(device_type) is None:
+        return device_type, "NO"
+    return device_type, "MULTI_GPU" if device_type == "cuda" else f"MULTI_{device_type.upper()}"
 
 
 @dataclass

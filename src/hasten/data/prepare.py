@@ -1,6 +1,6 @@
 """`prepare_data_loader`: build this process's loader from the user's DataLoader, as Accelerate does.
 
-What Accelerate 1.15's `prepare_data_loader` does to a loader, and so what a
+What Accelerate 1.16's `prepare_data_loader` does to a loader, and so what a
 script observes (the samples each process sees, the random numbers drawn and
 when, the batch geometry), is reproduced here; hasten's additions (a seekable
 order for exact resume, batches cut straight from the order) do not change

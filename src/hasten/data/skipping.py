@@ -81,7 +81,7 @@ def _view(dataloader: PreparedDataLoader, num_batches: int) -> PreparedDataLoade
               "skip_batches": dataloader.skip_batches + num_batches, "rng_types": dataloader.rng_types,
               "synchronized_generator": dataloader.synchronized_generator, "source_drop_last": dataloader._drop_last,
               "epoch_targets": dataloader._epoch_targets, "non_blocking": dataloader._non_blocking,
-              **dataloader.view_kwargs()}  # (no torchdata state: Accelerate's views are plain loaders too)
+              "torch_device_mesh": dataloader.torch_device_mesh, **dataloader.view_kwargs()}  # (no torchdata state: Accelerate's views are plain loaders too)
     view = getattr(type(dataloader), "_made_from", type(dataloader))  # the loader's class, not its torchdata variant
     if dataloader.batch_sampler is None:
         return view(dataloader.dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,

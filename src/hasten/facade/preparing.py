@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..options import DataLoaderConfiguration, DistributedType, TorchDynamoPlugin
+from ..runtime.modules import named_parameters_of, replaced_parameters
 from ..runtime.optimizer import AcceleratedOptimizer
 from ..runtime.scheduler import AcceleratedScheduler
 
@@ -240,7 +241,12 @@ class PreparePart:
 
             for model in to_wrap:
                 drop_attention_masks(model)
+        # placing a model may replace its parameters (torch's overwrite-on-conversion, some devices): as Accelerate
+        # 1.16, optimizers are pointed at the new ones (a sharding engine keeps its own record of them)
+        before = named_parameters_of(*to_wrap) if optimizers and not strategy.replaces_parameters else {}
         wrapped, stepped = strategy.setup(to_wrap, optimizers)
+        if before:
+            self._remap_optimizer_parameters(before, *wrapped, *stepped)
         self._compile_models(wrapped)  # torch.compile in place, when a dynamo backend is set
         if self._elastic is not None:  # its training passes and filler passes follow these models
             for model in wrapped:
@@ -258,6 +264,20 @@ class PreparePart:
             _mark_prepared(prepared_optimizer)
             prepared_optimizers.append(prepared_optimizer)
         return prepared_models, prepared_optimizers
+
+    def _get_named_parameters(self, *args: Any, drop_refs: bool = False) -> dict[str, Any]:
+        """Accelerate's helper: the parameters of the models among `args` by name (their ids with `drop_refs`)."""
+        return named_parameters_of(*args, ids=drop_refs)
+
+    def _remap_optimizer_parameters(self, old_named_params: dict[str, Any], *args: Any) -> None:
+        """Accelerate's helper: point the optimizers among `args` at the parameters that replaced `old_named_params`."""
+        mapping = replaced_parameters(old_named_params, *args)
+        for obj in args if mapping else ():
+            if isinstance(obj, AcceleratedOptimizer):
+                obj._switch_parameters(mapping)
+            elif isinstance(obj, torch.optim.Optimizer):
+                for group in obj.param_groups:
+                    group["params"] = [mapping.get(p, p) for p in group["params"]]
 
     def _check_quantized(self, models: list[nn.Module]) -> None:
         """8-bit/4-bit models spread by a device map cannot move: refuse placements they cannot train in."""

@@ -118,10 +118,10 @@ class ProcessPart:
 
     @property
     def should_save_model(self) -> bool:
-        """Whether this process takes part in saving the model: True on every process, as in Accelerate 1.15.
+        """Whether this process takes part in saving the model: True on every process, as in Accelerate 1.16.
 
         Accelerate's (commented-out) plan is to skip the replicas of an N-D mesh;
-        its 1.15 returns True whenever a `parallelism_config` is set, else
+        its 1.16 returns True whenever a `parallelism_config` is set, else
         `is_local_main_process`, and so does hasten.
         """
         if self.state.parallelism_config is None:

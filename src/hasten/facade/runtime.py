@@ -268,7 +268,7 @@ class RuntimePart:
 
     @property
     def context_parallel_rank(self) -> int:
-        """This process's rank on the "cp" dim (0 without context parallelism); Accelerate 1.15 raises instead.
+        """This process's rank on the "cp" dim (0 without context parallelism); Accelerate 1.16 raises instead.
 
         Example:
             >>> from hasten import Accelerator, ParallelismConfig
@@ -287,11 +287,11 @@ class RuntimePart:
             >>> Accelerator(cpu=True).pipeline_parallel_rank
             Traceback (most recent call last):
             ...
-            NotImplementedError: pipeline_parallel_rank: a ParallelismConfig has no pipeline dimension, as in Accelerate; split a model into stages with prepare_pippy or prepare_pipeline_training instead.
+            NotImplementedError: pipeline_parallel_rank: a ParallelismConfig has no pipeline dimension, as in Accelerate; split a model into stages with hasten.strategies.parallel's prepare_pippy or prepare_pipeline_training instead.
         """
         raise NotImplementedError("pipeline_parallel_rank: a ParallelismConfig has no pipeline dimension, as in "
-                                  "Accelerate; split a model into stages with prepare_pippy or prepare_pipeline_training "
-                                  "instead.")
+                                  "Accelerate; split a model into stages with hasten.strategies.parallel's prepare_pippy "
+                                  "or prepare_pipeline_training instead.")
 
     @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,

@@ -1,9 +1,9 @@
-"""The fp8 recipe handlers of `Accelerator(kwargs_handlers=[...])`, with Accelerate 1.15's names and defaults.
+"""The fp8 recipe handlers of `Accelerator(kwargs_handlers=[...])`, with Accelerate 1.16's names and defaults.
 
-`AORecipeKwargs` drives torchao's float8 training; `TERecipeKwargs` /
-`FP8RecipeKwargs(backend="TE")` drive NVIDIA Transformer Engine
-(`hasten.fp8.te`) and refuse in one sentence where it is not installed, as
-Accelerate's do; `MSAMPRecipeKwargs` (MS-AMP) is refused.
+`AORecipeKwargs` drives torchao's float8 training; `TERecipeKwargs` drives
+NVIDIA Transformer Engine (`hasten.fp8.te`) and refuses in one sentence where
+it is not installed, as Accelerate's does. (Accelerate 1.16 removed MS-AMP's
+`MSAMPRecipeKwargs` and the deprecated `FP8RecipeKwargs`; so does hasten.)
 
 Example:
     >>> from hasten.fp8.recipes import AORecipeKwargs
@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -23,7 +22,7 @@ from ..core.availability import is_torchao_available, is_transformer_engine_avai
 from ..core.environment import str_to_bool
 from ..options.kwargs import KwargsHandler
 
-__all__ = ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "TE_MISSING"]
+__all__ = ["AORecipeKwargs", "TERecipeKwargs", "TE_MISSING"]
 
 TE_MISSING = ("needs NVIDIA Transformer Engine, which is not installed; install it on a machine with an NVIDIA fp8 GPU "
               "(pip install transformer_engine[pytorch]) or use AORecipeKwargs (pip install torchao).")
@@ -172,45 +171,3 @@ class TERecipeKwargs(KwargsHandler):
 
 
 _TE_FIELDS = tuple(TERecipeKwargs.__dataclass_fields__)
-
-
-_MSAMP = ("configures MS-AMP, which hasten does not support; train in fp8 with AORecipeKwargs (torchao) "
-          "or TERecipeKwargs (Transformer Engine) instead.")
-
-
-class MSAMPRecipeKwargs(KwargsHandler):
-    """Not available: MS-AMP is refused in one sentence when this is created.
-
-    Example:
-        >>> MSAMPRecipeKwargs(opt_level="O2")
-        Traceback (most recent call last):
-        ...
-        NotImplementedError: MSAMPRecipeKwargs configures MS-AMP, which hasten does not support; train in fp8 with AORecipeKwargs (torchao) or TERecipeKwargs (Transformer Engine) instead.
-    """
-
-    def __init__(self, opt_level: str | None = None) -> None:
-        raise NotImplementedError(f"MSAMPRecipeKwargs {_MSAMP}")
-
-
-@dataclass
-class FP8RecipeKwargs(TERecipeKwargs):
-    """Accelerate's deprecated handler: `backend="TE"` is `TERecipeKwargs`; `backend="MSAMP"` is refused.
-
-    Example:
-        >>> from hasten.fp8.recipes import FP8RecipeKwargs
-        >>> FP8RecipeKwargs.__dataclass_fields__["backend"].default is None
-        True
-    """
-
-    opt_level: str | None = None
-    backend: str | None = None
-
-    def __post_init__(self) -> None:
-        warnings.warn("FP8RecipeKwargs is deprecated (as in Accelerate); use TERecipeKwargs or AORecipeKwargs.",
-                      FutureWarning, stacklevel=3)
-        self.backend = (self.backend or "TE").upper()
-        if self.backend == "MSAMP":
-            raise NotImplementedError(f"FP8RecipeKwargs(backend='MSAMP') {_MSAMP}")
-        if self.backend != "TE":
-            raise ValueError(f"FP8RecipeKwargs(backend={self.backend!r}) must be 'TE'; for torchao use AORecipeKwargs.")
-        super().__post_init__()

@@ -1,8 +1,8 @@
 """fp8 training chosen once: which backend and recipe (`Fp8Setup.resolve`), applied to models in `prepare`.
 
-Accelerate 1.15's choices: `mixed_precision="fp8"` without a recipe
-handler picks torchao, else Transformer Engine, else MS-AMP (the first
-installed) with that backend's default recipe; a recipe handler without
+Accelerate 1.16's choices: `mixed_precision="fp8"` without a recipe
+handler picks torchao, else Transformer Engine (the first installed) with
+that backend's default recipe; a recipe handler without
 `mixed_precision="fp8"` is an error. Forward passes run under bf16
 autocast (`hasten.runtime.precision`); torchao's `Float8Linear` (`ao.py`) or
 Transformer Engine's layers inside its ``fp8_autocast`` (`te.py`) do the
@@ -39,7 +39,7 @@ __all__ = ["Fp8Setup", "recipe_handlers"]
 
 
 def recipe_handlers(handlers: list[Any]) -> list[Any]:
-    """The fp8 recipe handlers among `handlers` (Accelerate's AO/TE/FP8 RecipeKwargs), in order.
+    """The fp8 recipe handlers among `handlers` (Accelerate's AORecipeKwargs / TERecipeKwargs), in order.
 
     Example:
         >>> recipe_handlers([])
@@ -47,9 +47,9 @@ def recipe_handlers(handlers: list[Any]) -> list[Any]:
     """
     if not handlers:
         return []
-    from .recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
+    from .recipes import AORecipeKwargs, TERecipeKwargs
 
-    return [h for h in handlers if type(h) in (AORecipeKwargs, TERecipeKwargs, FP8RecipeKwargs)]
+    return [h for h in handlers if type(h) in (AORecipeKwargs, TERecipeKwargs)]
 _FP8_CAPABILITY = (8, 9)  # Ada Lovelace; Hopper is 9.0
 
 
@@ -89,20 +89,16 @@ class Fp8Setup:
     """
 
     enabled: bool = False
-    fp8_recipe_handler: Any = None
     ao_recipe_handler: AORecipeKwargs | None = None
     te_recipe_handler: Any = None
-    msamp_recipe_handler: Any = None  # never set: MS-AMP is refused
 
     @property
     def has_handler(self) -> bool:
-        return any(h is not None for h in (self.fp8_recipe_handler, self.ao_recipe_handler, self.te_recipe_handler))
+        return any(h is not None for h in (self.ao_recipe_handler, self.te_recipe_handler))
 
     @property
     def backend(self) -> FP8BackendType:
-        """Accelerate's order: the deprecated handler's backend, then torchao, then Transformer Engine."""
-        if self.fp8_recipe_handler is not None:
-            return FP8BackendType(self.fp8_recipe_handler.backend)
+        """Accelerate's order: torchao, then Transformer Engine."""
         if self.ao_recipe_handler is not None:
             return FP8BackendType.AO
         if self.te_recipe_handler is not None:
@@ -124,11 +120,10 @@ class Fp8Setup:
         setup = cls(enabled=mixed_precision == "fp8")
         if not recipes and not setup.enabled:
             return setup
-        from .recipes import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
+        from .recipes import AORecipeKwargs, TERecipeKwargs
 
         for recipe in recipes:
-            attr = {AORecipeKwargs: "ao_recipe_handler", TERecipeKwargs: "te_recipe_handler",
-                    FP8RecipeKwargs: "fp8_recipe_handler"}[type(recipe)]
+            attr = {AORecipeKwargs: "ao_recipe_handler", TERecipeKwargs: "te_recipe_handler"}[type(recipe)]
             if getattr(setup, attr) is not None:
                 raise ValueError(f"kwargs_handlers got two {type(recipe).__name__} objects; pass one.")
             setattr(setup, attr, recipe)
@@ -144,7 +139,7 @@ class Fp8Setup:
         return setup
 
     def _choose_default_backend(self) -> None:
-        from ..core.availability import is_msamp_available, is_torchao_available, is_transformer_engine_available
+        from ..core.availability import is_torchao_available, is_transformer_engine_available
         from .recipes import AORecipeKwargs, TERecipeKwargs
 
         # `hasten launch --fp8_backend` (or a config file's fp8_config) exports Accelerate's variable; it picks first
@@ -153,18 +148,12 @@ class Fp8Setup:
             self.ao_recipe_handler = AORecipeKwargs()
         elif chosen == "TE":
             self.te_recipe_handler = TERecipeKwargs()
-        elif chosen == "MSAMP":
-            raise NotImplementedError("ACCELERATE_FP8_BACKEND=MSAMP asks for MS-AMP, which hasten does not support; "
-                                      "use --fp8_backend ao (torchao).")
-        elif chosen != "NO":
-            raise ValueError(f"ACCELERATE_FP8_BACKEND={chosen!r} is not an fp8 backend; use AO, TE or MSAMP.")
+        elif chosen != "NO":  # MSAMP too: Accelerate 1.16 removed MS-AMP
+            raise ValueError(f"ACCELERATE_FP8_BACKEND={chosen!r} is not an fp8 backend; use AO (torchao) or TE.")
         elif is_torchao_available():
             self.ao_recipe_handler = AORecipeKwargs()
         elif is_transformer_engine_available():
             self.te_recipe_handler = TERecipeKwargs()
-        elif is_msamp_available():
-            raise NotImplementedError("mixed_precision='fp8' found only MS-AMP installed, which hasten does not "
-                                      "support; install torchao (pip install torchao) for fp8 training.")
         else:
             raise ImportError("mixed_precision='fp8' needs torchao or NVIDIA Transformer Engine and neither is installed; "
                               "install one (pip install torchao) or use mixed_precision='bf16'.")
@@ -258,4 +247,4 @@ class Fp8Setup:
         convert_model(model)
         _follow_new_weights(before, model, optimizers)
         strategy._record_replaced_params(before, model)
-        apply_fp8_autowrap(model, self.te_recipe_handler or self.fp8_recipe_handler)
+        apply_fp8_autowrap(model, self.te_recipe_handler)

@@ -1,4 +1,4 @@
-"""fp8 through NVIDIA Transformer Engine, as Accelerate 1.15 drives it (``accelerate.utils.transformer_engine``'s names).
+"""fp8 through NVIDIA Transformer Engine, as Accelerate 1.16 drives it (``accelerate.utils.transformer_engine``'s names).
 
 `prepare` converts the model's `nn.Linear` / `nn.LayerNorm` layers to
 ``transformer_engine.pytorch``'s (`convert_model`, weights copied) and runs

@@ -96,12 +96,12 @@ def notebook_launcher(
     master_addr: str = "127.0.0.1",
     node_rank: int = 0,
     num_nodes: int = 1,
-    max_restarts: int = 0,
-    monitor_interval: float = 0.1,
     rdzv_backend: str = "static",
     rdzv_endpoint: str = "",
     rdzv_conf: dict[str, Any] | None = None,
     rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
 ) -> None:
     """Run ``function(*args)`` on `num_processes` processes of this machine, from a notebook or a script.
@@ -120,20 +120,21 @@ def notebook_launcher(
         num_processes: processes on this machine. None: one per GPU when
             there are several, else 1. With one process, `function` runs
             right here, in this process, and its exceptions are the usual ones.
-        mixed_precision: "no", "fp16" or "bf16", for the Accelerators created
-            inside `function` (an explicit ``Accelerator(mixed_precision=...)`` wins).
+        mixed_precision: "no", "fp16", "bf16" or "fp8" (any case), for the Accelerators
+            created inside `function`, in every process (an explicit
+            ``Accelerator(mixed_precision=...)`` wins); another value is a ValueError.
         use_port: port of the rendezvous on `master_addr` (must be free on
             node 0 with the static rendezvous).
         master_addr: address of node 0.
         node_rank: this machine's rank, for a run across machines.
         num_nodes: the number of machines (each runs `num_processes` processes).
-        max_restarts: times the whole group is restarted after a failure.
-        monitor_interval: seconds between the agent's checks of the workers.
         rdzv_backend: torchelastic rendezvous backend ("static" needs none
             of the three settings below).
         rdzv_endpoint: torchelastic rendezvous endpoint.
         rdzv_conf: torchelastic rendezvous configuration.
         rdzv_id: torchelastic rendezvous id.
+        max_restarts: times the whole group is restarted after a failure.
+        monitor_interval: seconds between the agent's checks of the workers.
         log_line_prefix_template: e.g. ``"[${rank}]: "`` to prefix each
             worker's output lines (torchelastic's template).
 
@@ -144,8 +145,9 @@ def notebook_launcher(
     Raises:
         WorkerFailedError: a worker raised; the message names the rank that
             failed first and includes its exception and traceback.
-        LaunchError: the launch cannot work (bad numbers, busy port, CUDA
-            already initialised here, a process group already exists here).
+        LaunchError: the launch cannot work (bad numbers, an unknown
+            `mixed_precision`, busy port, CUDA already initialised here, a
+            process group already exists here); a ValueError.
 
     Example:
         >>> def train(out_dir):
@@ -233,8 +235,12 @@ def _check_counts(num_processes: Any, num_nodes: Any, node_rank: Any) -> None:
 
 
 def _spec(mixed_precision: str, cpu: bool) -> LaunchSpec:
+    from ..options.enums import PrecisionType
+
+    if str(mixed_precision).lower() not in PrecisionType.list():
+        raise LaunchError(f"Unknown mixed_precision mode: {mixed_precision!r}; choose one of {PrecisionType.list()}.")
     try:
-        return LaunchSpec(mixed_precision=mixed_precision, cpu=cpu)
+        return LaunchSpec(mixed_precision=str(mixed_precision).lower(), cpu=cpu)
     except ValueError as error:
         raise LaunchError(str(error)) from None
 

@@ -91,6 +91,8 @@ class LaunchPlan:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     # one process: run it in this process (`hasten launch`), or as a child process (`accelerate launch`'s way)
     in_this_process: bool = True
+    # Accelerate's multi-GPU launcher (`--multi_gpu`, FSDP): torch's elastic agent even for one process
+    through_torchrun: bool = False
     # notebook_launcher: each process runs function(*function_args) (forked) instead of the target
     function: Callable[..., Any] | None = None
     function_args: tuple[Any, ...] = ()
@@ -116,6 +118,8 @@ class LaunchPlan:
         if self.mpirun:
             return "mpirun"
         if self.num_processes > 1 or self.num_machines > 1 or self.max_restarts > 0 or self.elastic:
+            return "torchrun"
+        if self.through_torchrun and self.function is None:
             return "torchrun"
         if self.function is None and (self.torchrun_options() or self.log_dir):  # only torchrun does these
             return "torchrun"
@@ -158,14 +162,19 @@ class LaunchPlan:
         return self.main_process_ip or "127.0.0.1"
 
     # -- validation -------------------------------------------------------------------
-    def validate(self, check_port: bool = True) -> "LaunchPlan":
-        """Refuse a plan that cannot work, before anything starts; returns the plan with a port chosen."""
+    def validate(self, check_port: bool = True, check_script: bool = True) -> "LaunchPlan":
+        """Refuse a plan that cannot work, before anything starts; returns the plan with a port chosen.
+
+        `check_script=False` lets a missing script fail in the process that runs it (`accelerate launch`'s way:
+        the child's error then goes with the launcher's).
+        """
         try:
             check_layout(self.num_processes, self.num_machines, self.machine_rank, self.main_process_ip,
                          self.main_process_port)
         except ConfigError as error:
             raise LaunchError(str(error)) from None
-        if not self.module and not os.path.isfile(self.target) and not (self.no_python and shutil.which(self.target)):
+        if (check_script and not self.module and not os.path.isfile(self.target)
+                and not (self.no_python and shutil.which(self.target))):
             raise LaunchError(f"the script {self.target!r} does not exist; check the path (or use -m for a module).")
         if self.mpirun and shutil.which("mpirun") is None:
             raise LaunchError("--mpirun needs Open MPI's mpirun on PATH; install it (apt-get install openmpi-bin).")

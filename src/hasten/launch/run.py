@@ -36,6 +36,7 @@ from ..process.launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, H
                            PROGRESS_FILE_ENV, LaunchSpec)
 from .elastic import LEAVE_GRACE, StoreWatch, is_store_lost, store_lost
 from .failures import all_failures, failure_summary
+from .child import run_child
 from .leftovers import empty, owned_directory, shared_directory
 from .guardian import start as guardian_of, stop as stop_guardian
 from .liveness import Monitor
@@ -44,7 +45,7 @@ from .peer_watch import PeerWatch
 from .plan import LaunchPlan
 from .worker import AGENT_SIGNALS
 
-__all__ = ["Outcome", "launch", "execute", "run_forwarding_signals"]
+__all__ = ["Outcome", "launch", "execute", "execute_outcome", "run_forwarding_signals"]
 
 # The agent's own log lines (per-failure tracebacks, "closing process ...") would bury the one
 # summary `hasten launch` prints; "Received 15 death signal, shutting down workers": it prints its own line.
@@ -82,6 +83,7 @@ class Outcome:
     unresponsive: str | None = None  # a process froze: the line naming it (`hasten.launch.liveness`)
     lost: str | None = None  # an elastic run lost its rendezvous store: the line saying so (`launch.elastic`)
     frozen: tuple[int, ...] = ()  # ... and the ranks that froze
+    stderr_tail: str = ""  # a child run's (`accelerate launch` of one process): the last 512 KiB of its stderr
 
     def summary(self, world_size: int) -> str:
         """The line that says why the run failed: the frozen process, else the root cause among the failures."""
@@ -98,6 +100,11 @@ def execute(plan: LaunchPlan) -> int:
     saved a preemption checkpoint ends with one line saying where, and
     `EXIT_PREEMPTED`.
     """
+    return execute_outcome(plan).code
+
+
+def execute_outcome(plan: LaunchPlan) -> Outcome:
+    """`execute`, returning the whole `Outcome` (`accelerate launch` raises from it in Accelerate's way)."""
     outcome = launch(plan)
     if outcome.preempted is not None:
         sys.stderr.write(f"hasten launch: {outcome.preempted}.\n")
@@ -109,7 +116,7 @@ def execute(plan: LaunchPlan) -> int:
     elif outcome.signum is not None:
         name = signal.Signals(outcome.signum).name
         sys.stderr.write(f"hasten launch: stopped by {name}; all processes were ended.\n")
-    return outcome.code
+    return outcome
 
 
 def launch(plan: LaunchPlan) -> Outcome:
@@ -130,10 +137,13 @@ def launch(plan: LaunchPlan) -> Outcome:
         try:
             if plan.mode == "single" and not plan.in_this_process:
                 with _watched(plan, run_dir, "worker") as monitor:
-                    code = run_forwarding_signals(plan.command())
-                if monitor.verdict is not None and code != 0:
-                    return Outcome(code=EXIT_FAILED, unresponsive=monitor.verdict, frozen=monitor.frozen)
-                return _preempted_or(code, record)
+                    child = run_child(plan.command(), preexec_fn=_terminate_with_parent())
+                if child.signum is not None:
+                    return Outcome(code=child.code, signum=child.signum, stderr_tail=child.stderr_tail)
+                if monitor.verdict is not None and child.code != 0:
+                    return Outcome(code=EXIT_FAILED, unresponsive=monitor.verdict, frozen=monitor.frozen,
+                                   stderr_tail=child.stderr_tail)
+                return _preempted_or(child.code, record, stderr_tail=child.stderr_tail)
             if plan.mode == "single":
                 from .worker import main as worker_main
 
@@ -187,7 +197,6 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
 
     progress = os.environ[PROGRESS_FILE_ENV] = os.path.join(run_dir, "progress")
     restarts_left = plan.restarts_by_launcher
@@ -207,7 +216,6 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
             if plan.log_dir:  # `--log_dir`: the attempts' folders are kept there (torchrun's logs, error files)
                 os.makedirs(plan.log_dir, exist_ok=True)
             log_dir = tempfile.mkdtemp(prefix="attempt-", dir=plan.log_dir or run_dir)
-            config, entrypoint, args = _elastic_config(plan, log_dir)
             cut_off = _store_watch(plan)
             if cut_off is not None:
                 stack.callback(cut_off.stop)
@@ -221,7 +229,7 @@ def _run_elastic(plan: LaunchPlan, run_dir: str, record: str, board_dir: str | N
                     if peers is not None:
                         stack.callback(peers.stop)
                         peers.start()
-                    elastic_launch(config, entrypoint)(*args)
+                    _run_agent(plan, log_dir)
                     if peers is not None:
                         peers.leave()  # the others need not wait for this machine's heartbeat any more
             except ChildFailedError as failed:
@@ -313,19 +321,24 @@ def _watched(plan: LaunchPlan, run_dir: str, name: str) -> Iterator[Monitor]:
         stop_guardian(guardian)
 
 
-def _elastic_config(plan: LaunchPlan, log_dir: str) -> tuple[Any, Any, tuple[Any, ...]]:
-    """torchelastic's launch config, entrypoint and arguments: torchrun's, or a notebook plan's function (forked)."""
-    from torch.distributed.run import config_from_args, parse_args
+def _run_agent(plan: LaunchPlan, log_dir: str) -> None:
+    """One attempt on torch's elastic agent: torchrun's own `run` for a script, or a notebook plan's function (forked).
 
-    config, command, args = config_from_args(parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()]))
+    A script goes through ``torch.distributed.run.run`` (looked up when called), as Accelerate's launcher does.
+    """
+    import torch.distributed.run as torchrun
+
+    args = torchrun.parse_args([f"--log-dir={log_dir}", *plan.torchrun_argv()])
     if plan.function is None:
-        import torch.multiprocessing
+        torchrun.run(args)
+        return
+    from torch.distributed.launcher.api import elastic_launch
 
-        torch.multiprocessing._set_thread_name("pt_elastic")  # as torchrun names its agent's thread
-        return config, command, tuple(args)
     from .worker import run_function
 
-    return dataclasses.replace(config, **plan.elastic_settings()), run_function, (plan.function, tuple(plan.function_args))
+    config, _, _ = torchrun.config_from_args(args)
+    elastic_launch(dataclasses.replace(config, **plan.elastic_settings()), run_function)(
+        plan.function, tuple(plan.function_args))
 
 
 def _exit_code(failures: Mapping[int, Any]) -> int:

@@ -77,7 +77,7 @@ class DistributedType(str, enum.Enum):
 
 
 # Accelerate's groupings of the kinds above (``accelerate.utils.constants``), as the values' strings: the kinds
-# that run on CUDA devices (with its "TP", a kind Accelerate 1.15 no longer has), and the kinds whose collectives
+# that run on CUDA devices (with its "TP", a kind Accelerate 1.16 no longer has), and the kinds whose collectives
 # go through torch.distributed.
 CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
 TORCH_DISTRIBUTED_OPERATION_TYPES = CUDA_DISTRIBUTED_TYPES + [
@@ -120,7 +120,6 @@ class FP8BackendType(str, enum.Enum):
 
     NO = "NO"
     TE = "TE"
-    MSAMP = "MSAMP"
     AO = "AO"
 
 

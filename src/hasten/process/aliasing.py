@@ -12,9 +12,9 @@ line of theirs changed, and the real `accelerate` package is never imported
 - a small directory put first on `sys.path` and on ``PYTHONPATH``, holding
   an ``accelerate`` package that turns the switch on in any process that
   imports it (a launched worker, a data-loader worker, a subprocess) and
-  an ``accelerate-1.15.0.dist-info`` so that
+  an ``accelerate-1.16.0.dist-info`` so that
   ``importlib.metadata.version("accelerate")`` answers the version of
-  Accelerate whose behaviour hasten implements, **1.15.0** (as
+  Accelerate whose behaviour hasten implements, **1.16.0** (as
   ``accelerate.__version__`` does).
 
 A module served under an accelerate name also carries a patch made on it
@@ -48,7 +48,7 @@ from .launch_spec import AS_ACCELERATE_ENV
 
 __all__ = ["ACCELERATE_VERSION", "SITE_DIRECTORY", "install", "installed", "uninstall", "AccelerateSwitchError"]
 
-ACCELERATE_VERSION = "1.15.0"  # the Accelerate release whose behaviour hasten implements (and reports)
+ACCELERATE_VERSION = "1.16.0"  # the Accelerate release whose behaviour hasten implements (and reports)
 SITE_DIRECTORY = str(Path(__file__).resolve().parent.parent / "_accelerate_site")
 
 # Libraries that decide at import time whether Accelerate is there: imported before the switch, they may not see it.

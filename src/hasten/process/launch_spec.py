@@ -200,9 +200,11 @@ def dynamo_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
     backend = str(config.get("dynamo_backend") or "no").upper()
     if backend == "NO":
         return None
+    # dynamic shapes left unsaid stay torch.compile's choice (no variable exported), as in Accelerate 1.16
+    dynamic = config.get("dynamo_use_dynamic")
     return {"backend": backend, "mode": config.get("dynamo_mode") or "default",
-            **{key: bool(config.get(f"dynamo_{key}") or False)
-               for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")}}
+            **{key: bool(config.get(f"dynamo_{key}") or False) for key in ("use_fullgraph", "use_regional_compilation")},
+            "use_dynamic": None if dynamic is None else bool(dynamic)}
 
 
 _FP8_KEYS = ("backend", "pad_inner_dim", "enable_fsdp_float8_all_gather", "use_autocast_during_eval", "margin",
@@ -327,11 +329,12 @@ class LaunchSpec:
             "ACCELERATE_USE_CPU": str(self.cpu),
         }
         # Accelerator() without dynamo_backend reads these (TorchDynamoPlugin), as under the peer's launcher
-        dynamo = self.dynamo or {"backend": "NO", "mode": "default", "use_fullgraph": False, "use_dynamic": False,
+        dynamo = self.dynamo or {"backend": "NO", "mode": "default", "use_fullgraph": False, "use_dynamic": None,
                                  "use_regional_compilation": False}
         out.update({"ACCELERATE_DYNAMO_BACKEND": dynamo["backend"], "ACCELERATE_DYNAMO_MODE": dynamo["mode"]})
         out.update({f"ACCELERATE_DYNAMO_{key.upper()}": str(dynamo[key])
-                    for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")})
+                    for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation")
+                    if dynamo.get(key) is not None})
         out.update(self.fp8 or {})
         if self.parallelism is not None:  # Accelerate's names; ParallelismConfig() reads them, as Accelerate's does
             out["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"

@@ -216,7 +216,7 @@ class AcceleratorState(PartialState):
 
     @property
     def torch_tp_plugin(self) -> Any:
-        """None, as in Accelerate 1.15 (its Accelerator turns the plugin into ``parallelism_config`` instead)."""
+        """None, as in Accelerate 1.16 (its Accelerator turns the plugin into ``parallelism_config`` instead)."""
         return None
 
     @property

@@ -423,6 +423,8 @@ def _is_row_dataset(inputs: Any) -> bool:
 def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool = False) -> Any:
     """Process `index`'s contiguous share of `inputs` (list, tuple, tensor, dict of those, or a `datasets.Dataset`).
 
+    With `apply_padding`, a shorter share is completed with the last element of `inputs` (as Accelerate's).
+
     Example:
         >>> split_for_process([1, 2, 3], index=1, count=2)
         [3]
@@ -436,7 +438,7 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
         start, end = share_bounds(length, index, count)
         rows = list(range(start, end))
         if apply_padding and length:
-            rows += [rows[-1] if rows else length - 1] * (-(-length // count) - len(rows))
+            rows += [length - 1] * (-(-length // count) - len(rows))
         return inputs.select(rows)
     if isinstance(inputs, Mapping):
         lengths = {len(v) for v in inputs.values()}
@@ -450,7 +452,7 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
         target = -(-length // count)
         missing = target - (end - start)
         if missing and length:
-            filler = inputs[end - 1 : end] if end > start else inputs[-1:]
+            filler = inputs[-1:]
             if isinstance(share, torch.Tensor):
                 share = torch.cat([share] + [filler] * missing)
             else:

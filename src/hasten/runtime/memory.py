@@ -78,7 +78,7 @@ def find_executable_batch_size(function: Callable[..., Any] | None = None, start
 
     The decorated function takes the batch size as its FIRST parameter and
     is called without it. After an out-of-memory error the next try gets 90%
-    of the size, rounded down (Accelerate 1.15's step: 128, 115, 103, ...);
+    of the size, rounded down (Accelerate 1.16's step: 128, 115, 103, ...);
     other exceptions are re-raised; reaching batch size 0 raises
     RuntimeError. `reduce_batch_size_fn()` replaces that step (it returns the
     next size). The size that worked is kept for the next call.
@@ -101,7 +101,7 @@ def find_executable_batch_size(function: Callable[..., Any] | None = None, start
     if reduce_batch_size_fn is None:
         def reduce_batch_size_fn() -> int:
             nonlocal batch_size
-            batch_size = int(batch_size * 0.9)  # 90% a try, as Accelerate 1.15
+            batch_size = int(batch_size * 0.9)  # 90% a try, as Accelerate 1.16
             return batch_size
 
     @functools.wraps(function)

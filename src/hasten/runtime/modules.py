@@ -1,4 +1,4 @@
-"""Walking a model's module tree: children bottom-up, a class found by name, DTensor parameters.
+"""Walking a model's module tree: children bottom-up, a class found by name, DTensor parameters; parameters by name.
 
 The peer's paths for these are ``accelerate.utils.other`` (`get_module_children_bottom_up`, `model_has_dtensor`)
 and ``accelerate.utils.dataclasses`` (`get_module_class_from_name`); the FSDP helpers use them to pick wrap units.
@@ -18,8 +18,60 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from ..core.availability import is_torch_distributed_available
+
 __all__ = ["get_module_children_bottom_up", "get_module_class_from_name", "get_parameters_from_modules",
-           "model_has_dtensor"]
+           "model_has_dtensor", "named_parameters_of", "parameter_id", "replaced_parameters"]
+
+
+def parameter_id(param: torch.Tensor) -> int:
+    """A key matching a parameter across preparation: its storage address (a DTensor's local one), or for a meta
+    parameter (every one has address 0) its identity.
+
+    Example:
+        >>> weight = nn.Parameter(torch.ones(2))
+        >>> parameter_id(weight) == weight.data_ptr()
+        True
+    """
+    if param.is_meta:
+        return id(param)
+    inner = getattr(param, "_tensor", None)  # torchao's float8 all-gather weight: its data_ptr() is 0
+    if isinstance(inner, torch.Tensor) and type(param).__name__ == "WeightWithDynamicFloat8CastTensor":
+        return inner.data_ptr()
+    local = getattr(param, "_local_tensor", None)  # a DTensor
+    return (local if isinstance(local, torch.Tensor) else param).data_ptr()
+
+
+def named_parameters_of(*objects: Any, ids: bool = False) -> dict[str, Any]:
+    """The parameters of the models among `objects` (unwrapped, compiled or not) by name; each name starts with the
+    model's position among them when there are several. `ids=True` gives `parameter_id`s instead of the tensors.
+
+    Example:
+        >>> sorted(named_parameters_of(nn.Linear(2, 1), "not a model"))
+        ['bias', 'weight']
+    """
+    from .unwrap import extract_model_from_parallel
+
+    models = [obj for obj in objects if isinstance(obj, nn.Module)]
+    named: dict[str, Any] = {}
+    for index, model in enumerate(models):
+        model = extract_model_from_parallel(model, keep_torch_compile=False)
+        for name, param in model.named_parameters(prefix=str(index) if len(models) > 1 else ""):
+            named[name] = parameter_id(param) if ids else param
+    return named
+
+
+def replaced_parameters(before: dict[str, torch.Tensor], *objects: Any) -> dict[torch.Tensor, torch.Tensor]:
+    """Old parameter -> new one, for each name of `before` whose parameter preparation replaced in `objects`' models.
+
+    Example:
+        >>> model = nn.Linear(2, 1); before = named_parameters_of(model)
+        >>> model.weight = nn.Parameter(model.weight.detach().clone())
+        >>> list(replaced_parameters(before, model).values()) == [model.weight]
+        True
+    """
+    after = named_parameters_of(*objects)
+    return {old: after[name] for name, old in before.items() if name in after and after[name] is not old}
 
 
 def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:
@@ -68,11 +120,15 @@ def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] 
 def model_has_dtensor(model: nn.Module) -> bool:
     """True when some parameter of `model` is a DTensor (split by FSDP2 or tensor parallelism).
 
+    A torch built without torch.distributed (which cannot import DTensor) holds none: False.
+
     Example:
         >>> from torch import nn
         >>> model_has_dtensor(nn.Linear(2, 2))
         False
     """
+    if not is_torch_distributed_available():
+        return False
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())

@@ -91,6 +91,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._is_overflow = False  # Accelerate's name for it: libraries and its tests set and read it
         self._accelerate_step_called = False  # set by `patch_optimizer_step`'s wrapper, as Accelerate's
 
+    def _switch_parameters(self, parameters_map: dict[Any, Any]) -> None:
+        """Point every param group at the replacements `parameters_map` names (old parameter -> new one)."""
+        for group in self.optimizer.param_groups:
+            group["params"] = [parameters_map.get(p, p) for p in group["params"]]
+
     @property
     def step_was_skipped(self) -> bool:
         """True when the last `step` was skipped because fp16 loss scaling found inf/NaN gradients."""

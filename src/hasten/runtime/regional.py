@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import copy as _copy
+import functools
 from types import MethodType
 from typing import Any, cast
 
@@ -73,21 +75,53 @@ def has_compiled_regions(module: nn.Module) -> bool:
     return optimized is not None and bool(module._modules) and any(isinstance(m, optimized) for m in module.modules())
 
 
+def _rebound(value: Any, old: nn.Module, new: nn.Module) -> Any:
+    """`value` with `old` replaced by `new` where it is bound: a method of `old`, or a `functools.partial` (an
+    accelerate hook's forward is one) taking `old` among its arguments, or wrapping such a method."""
+    if isinstance(value, MethodType) and value.__self__ is old:
+        return MethodType(value.__func__, new)
+    if isinstance(value, functools.partial):
+        args = tuple(new if arg is old else arg for arg in value.args)
+        keywords = {key: new if arg is old else arg for key, arg in value.keywords.items()}
+        rebound = functools.partial(_rebound(value.func, old, new), *args, **keywords)
+        rebound.__dict__.update(value.__dict__)
+        if hasattr(value, "__wrapped__"):
+            rebound.__wrapped__ = _rebound(value.__wrapped__, old, new)  # type: ignore[attr-defined]
+        return rebound
+    return value
+
+
+def _rebind_all(old: nn.Module, new: nn.Module) -> None:
+    """Point what `new` shares with `old` (methods patched onto the instance, hooks' forwards) at `new`."""
+    for name, value in list(new.__dict__.items()):
+        new.__dict__[name] = _rebound(value, old, new)
+
+
 def _shallow_copy(module: nn.Module) -> nn.Module:
     """A new instance sharing the module's attributes (bound methods rebound to it) with no children yet."""
     copy = type(module).__new__(type(module))
     copy.__dict__.update(module.__dict__)
-    for name, value in list(copy.__dict__.items()):
-        # a forward patched onto the instance (hooks, autocast) must call the copy, whose children are compiled
-        if getattr(value, "__self__", None) is module and hasattr(value, "__func__"):
-            copy.__dict__[name] = MethodType(value.__func__, copy)
+    # a forward patched onto the instance (hooks, autocast) must call the copy, whose children are compiled
+    _rebind_all(module, copy)
     copy._modules = {}
     return copy
 
 
+def _compiled_block(block: nn.Module, kwargs: dict[str, Any]) -> nn.Module:
+    """A repeated block compiled for `compile_regions`: a copy (sharing the block's children and weights, its own
+    training flag and bound methods) compiled in place, then wrapped. The in-place compile also reaches a block
+    that calls ``nn.Module.__call__`` from a `__call__` of its own, as transformers' checkpointed layers do (inside
+    `torch.utils.checkpoint`, which dynamo does not trace), as Accelerate 1.16's does; the original stays as it was.
+    """
+    copy = _copy.copy(block)
+    _rebind_all(block, copy)
+    compile_in_place(copy, **kwargs)
+    return cast(nn.Module, torch.compile(copy, **kwargs))
+
+
 def _compile_out_of_place(module: nn.Module, kwargs: dict[str, Any]) -> nn.Module:
     if is_repeated_blocks(module):
-        return nn.ModuleList([cast(nn.Module, torch.compile(block, **kwargs)) for block in cast(nn.ModuleList, module)])
+        return nn.ModuleList([_compiled_block(block, kwargs) for block in cast(nn.ModuleList, module)])
     if has_repeated_blocks(module):
         copy = _shallow_copy(module)
         for name, child in module.named_children():

@@ -55,11 +55,13 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
-def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
+def synchronize_rng_state(rng_type: RNGType | str, generator: torch.Generator | None = None) -> None:
     """Copy one random number generator's state from process 0 to every process.
 
-    `rng_type` is "torch" (CPU), "cuda" or "generator" (then `generator`);
-    the accelerator kinds hasten has no backend for are refused.
+    `rng_type` is "torch" (CPU), "generator" (then `generator`), or the device type of this machine's
+    accelerator ("cuda", "xpu", "mps", ...: its default generator, as Accelerate 1.16 takes any device name).
+    Naming a device this machine does not have raises AssertionError (as Accelerate's assertion does); "xla"
+    is refused (hasten has no TPU backend).
 
     Example:
         >>> synchronize_rng_state("torch")
@@ -67,24 +69,27 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
     import torch
     import torch.distributed as dist
 
-    from ..options import RNGType
+    from ..core.accelerators import get_torch_accelerator_backend
 
-    kind = RNGType(getattr(rng_type, "value", rng_type) or "torch")
+    kind = str(getattr(rng_type, "value", rng_type))
     get: Callable[[], torch.Tensor]
     put: Callable[[torch.Tensor], Any]
-    if kind is RNGType.TORCH:
+    if kind == "torch":
         get, put = torch.get_rng_state, torch.set_rng_state
-    elif kind is RNGType.CUDA:
-        if not torch.cuda.is_available():
-            return
-        get, put = torch.cuda.get_rng_state, torch.cuda.set_rng_state
-    elif kind is RNGType.GENERATOR:
+    elif kind == "generator":
         if generator is None:
             raise ValueError("synchronize_rng_state('generator') needs the generator; pass generator=...")
         get, put = generator.get_state, generator.set_state
+    elif kind == "xla":
+        raise ValueError("synchronize_rng_state('xla'): hasten has no TPU / XLA backend; use 'torch', 'generator' or "
+                         "this machine's accelerator type.")
     else:
-        raise ValueError(f"synchronize_rng_state does not know rng_type={kind.value!r} in hasten; "
-                         "use 'torch', 'cuda' or 'generator'.")
+        device_type, module = get_torch_accelerator_backend()
+        if device_type != kind:
+            raise AssertionError(f"Can't synchronize {kind.upper()} seeds without that device: this machine's "
+                                 f"accelerator is {device_type or 'none'}; name its type, or 'torch'.")
+        module = torch.get_device_module(device_type) if module is torch.accelerator else module
+        get, put = module.get_rng_state, module.set_rng_state
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return
     from .collectives import broadcast_object_list
@@ -101,7 +106,5 @@ def synchronize_rng_states(rng_types: list[RNGType | str], generator: torch.Gene
         >>> import torch
         >>> synchronize_rng_states(["torch", "generator"], generator=torch.Generator())
     """
-    from ..options import RNGType
-
     for rng_type in rng_types:
-        synchronize_rng_state(RNGType(getattr(rng_type, "value", rng_type)), generator=generator)
+        synchronize_rng_state(rng_type, generator=generator)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # What `clip_grad_norm_` / `clip_grad_value_` accept (torch's own type): a tensor or an iterable of them.
 Parameters = torch.Tensor | Iterable[torch.Tensor]
 
-__all__ = ["Strategy", "AccumulationState", "ShardedState", "notice_once"]
+__all__ = ["Strategy", "AccumulationState", "ShardedState", "clip_by_total_norm", "notice_once"]
 
 
 class AccumulationState(Protocol):
@@ -74,6 +74,61 @@ def notice_once(message: str) -> None:
         print(f"hasten: {message}", flush=True)
 
 
+def clip_by_total_norm(parameters: Parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Clip gradients by their total norm, as Accelerate 1.16 computes it; returns the total norm.
+
+    Gradients are grouped by device mesh (plain tensors apart): each group's norm (for ``norm_type=0``, each
+    gradient's) is taken where it lives and gathered whole, the total is the `norm_type` norm of those, and each
+    gradient is scaled by ``min(1, max_norm / (total + 1e-6))`` on its own shard; ``max_norm=inf`` only measures.
+
+    Example:
+        >>> weight = nn.Parameter(torch.zeros(2)); weight.grad = torch.tensor([3.0, 4.0])
+        >>> float(clip_by_total_norm([weight], 1.0)), [round(g, 4) for g in weight.grad.tolist()]
+        (5.0, [0.6, 0.8])
+    """
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    groups: dict[Any, list[Any]] = {}  # parameters whose gradients are on one mesh
+    for param in params:
+        if param.grad is not None:
+            groups.setdefault(getattr(param.grad, "device_mesh", None), []).append(param)
+
+    def whole(norm: torch.Tensor) -> torch.Tensor:
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    if norm_type == 0:  # count the gradients that are not all zero: each one's norm first
+        norms = [whole(torch.linalg.vector_norm(p.grad, 0)) for group in groups.values() for p in group]
+    elif norm_type == float("inf"):  # a shard may be empty, where torch's max has no identity: taken by hand
+        norms = [_largest_magnitude([p.grad for p in group], mesh) for mesh, group in groups.items()]
+    else:
+        norms = [whole(torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)) for group in groups.values()]
+    total = torch.linalg.vector_norm(torch.stack(norms) if norms else torch.zeros(1), norm_type)
+    if max_norm == float("inf"):
+        return total
+    for mesh, group in groups.items():
+        if mesh is None:
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+            continue
+        # a DTensor gradient is scaled shard by shard (one coefficient for every mesh)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        shards = [p.grad.to_local() for p in group]
+        torch._foreach_mul_(shards, coefficient.to(shards[0].device))
+    return total
+
+
+def _largest_magnitude(grads: list[Any], mesh: Any) -> torch.Tensor:
+    """The infinity norm of gradients on one mesh (or plain ones): the largest local magnitude (0 for an empty
+    shard), made the largest of the mesh's with a MAX all-reduce over each of its dims."""
+    shards = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    present = [shard.detach().abs().max() for shard in shards if shard.numel()]
+    largest = torch.stack(present).max() if present else torch.zeros((), dtype=shards[0].dtype, device=shards[0].device)
+    if mesh is not None:
+        import torch.distributed as dist
+
+        for dim in range(mesh.ndim):
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+    return largest
+
+
 class Strategy:
     """Base strategy: one process, one device; subclasses override what differs.
 
@@ -87,6 +142,8 @@ class Strategy:
     name: ClassVar[str] = "single"
     #: True when an optimizer needs its model in the same `prepare` call (a model alone is the strategy's to refuse).
     requires_joint_setup: ClassVar[bool] = False
+    #: True when `setup` replaces the models' parameters and points the optimizers at the new ones itself (sharding).
+    replaces_parameters: ClassVar[bool] = False
     #: True when the strategy writes models and optimizers into checkpoints itself (sharded files).
     writes_own_checkpoint_files: ClassVar[bool] = False
     #: True when saving needs every process (state gathered or sharded); False: the main process holds it all.
@@ -245,9 +302,9 @@ class Strategy:
 
     def clip_grad_norm_(self, parameters: Parameters, max_norm: float, norm_type: float,
                         optimizers: Sequence[torch.optim.Optimizer]) -> torch.Tensor:
-        """Unscale, then clip the total gradient norm of `parameters`; returns that norm."""
+        """Unscale, then clip the total gradient norm of `parameters` (`clip_by_total_norm`); returns that norm."""
         self.unscale_gradients(optimizers)
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return clip_by_total_norm(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Parameters, clip_value: float, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.unscale_gradients(optimizers)

@@ -1,7 +1,7 @@
 """Accelerate's ``accelerate.test_utils`` path: what example scripts take from it.
 
-`torch_device` is the device type tests run on ("cuda", "mps", "xpu" when
-present, else "cpu"); `training` holds the mocked data loaders Accelerate's
+`torch_device` is the device type tests run on (the accelerator torch
+reports: "cuda", "mps", "xpu", ...; else "cpu"); `training` holds the mocked data loaders Accelerate's
 examples switch to under ``TESTING_MOCKED_DATALOADERS=1``.
 
 Example:
@@ -16,15 +16,10 @@ __all__ = ["torch_device"]
 
 
 def _device_type() -> str:
-    import torch
+    """The accelerator torch reports (Accelerate 1.16's `get_torch_accelerator_backend`), else "cpu"."""
+    from ..core.accelerators import get_torch_accelerator_backend
 
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
-        return "xpu"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+    return get_torch_accelerator_backend()[0] or "cpu"
 
 
 torch_device = _device_type()

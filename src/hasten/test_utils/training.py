@@ -82,14 +82,10 @@ def mocked_dataloaders_for_autoregressive_models(accelerator: Any, batch_size: i
         import torch
 
         longest = max(len(row["input_ids"]) for row in rows)
-        batch = tokenizer.pad(rows, padding="max_length", max_length=longest + 1,
+        batch = tokenizer.pad(rows, padding="max_length", max_length=longest,
                               pad_to_multiple_of=_pad_multiple(accelerator), return_tensors="pt")
-        # next-token targets: inputs drop the last position, labels the first; padding is ignored by the loss
-        batch["labels"] = batch["input_ids"][:, 1:]
-        batch["input_ids"] = batch["input_ids"][:, :-1]
-        if "attention_mask" in batch:
-            batch["attention_mask"] = batch["attention_mask"][:, :-1]
-        batch["labels"] = torch.where(batch["labels"] == tokenizer.pad_token_id, -100, batch["labels"])
+        # as Accelerate 1.16: the labels are the inputs (a causal LM shifts them itself), padding ignored by the loss
+        batch["labels"] = torch.where(batch["input_ids"] == tokenizer.pad_token_id, -100, batch["input_ids"])
         return batch
 
     return (DataLoader(data["train"], shuffle=False, collate_fn=collate, batch_size=2),

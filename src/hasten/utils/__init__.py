@@ -61,6 +61,7 @@ from .environment import (
     str_to_bool,
 )
 from .imports import *  # noqa: F401,F403 - the is_*_available probes
+from .imports import get_distributed_backend, get_torch_accelerator_backend
 from ..core.availability import PROBES as _probes
 from .launch import (PrepareForLaunch, _filter_args, prepare_deepspeed_cmd_env, prepare_multi_gpu_env,
                      prepare_sagemager_args_inputs, prepare_simple_launcher_cmd_env, prepare_tpu)
@@ -86,7 +87,7 @@ from .other import (
 from .random import synchronize_rng_state, synchronize_rng_states
 from .ao import convert_model_to_fp8_ao, filter_first_and_last_linear_layers, has_ao_layers
 from .transformer_engine import apply_fp8_autowrap, contextual_fp8_autocast, convert_model, has_transformer_engine_layers
-from .dataclasses import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from .dataclasses import AORecipeKwargs, TERecipeKwargs
 from .tqdm import tqdm
 from .unavailable import *  # noqa: F401,F403 - features hasten lacks: they exist and refuse when used
 from ..core.unavailable import __all__ as _unavailable
@@ -152,6 +153,8 @@ from .modeling import (
     load_offloaded_weights,
     load_state_dict,
     named_module_tensors,
+    normalize_device,
+    get_accelerator_free_memory,
     retie_parameters,
     set_module_tensor_to_device,
 )
@@ -168,8 +171,7 @@ from ..runtime.seeding import set_seed
 from ..runtime.throughput import ThroughputMeter, count_flops_per_sample, peak_flops
 from .bnb import has_4bit_bnb_layers, load_and_quantize_model
 from ..big_modeling.filenames import SAFE_WEIGHTS_PATTERN_NAME, WEIGHTS_PATTERN_NAME
-from .constants import (MITA_PROFILING_AVAILABLE_PYTORCH_VERSION, PROFILE_PATTERN_NAME, TORCH_DISTRIBUTED_OPERATION_TYPES,
-                        TORCH_LAUNCH_PARAMS, XPU_PROFILING_AVAILABLE_PYTORCH_VERSION)
+from .constants import PROFILE_PATTERN_NAME, TORCH_DISTRIBUTED_OPERATION_TYPES, TORCH_LAUNCH_PARAMS
 from .dataclasses import BnbQuantizationConfig
 from .deepspeed import get_active_deepspeed_plugin, map_pytorch_optim_to_deepspeed
 from .environment import check_cuda_p2p_ib_support, get_gpu_info, set_numa_affinity
@@ -265,7 +267,7 @@ __all__ = [
     *_unavailable,
     "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers",
     "apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "has_transformer_engine_layers",
-    "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs",
+    "AORecipeKwargs", "TERecipeKwargs", "get_torch_accelerator_backend", "get_distributed_backend",
     "skip_first_batches",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
@@ -296,9 +298,9 @@ __all__ = [
 ]
 # The rest of Accelerate's package-level names: constants, bitsandbytes, FSDP2 / DeepSpeed helpers, host facts.
 __all__ += [
-    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION", "PROFILE_PATTERN_NAME", "SAFE_WEIGHTS_PATTERN_NAME",
+    "PROFILE_PATTERN_NAME", "SAFE_WEIGHTS_PATTERN_NAME",
     "TORCH_DISTRIBUTED_OPERATION_TYPES", "TORCH_LAUNCH_PARAMS", "WEIGHTS_PATTERN_NAME",
-    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION", "BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model",
+    "BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model",
     "get_active_deepspeed_plugin", "map_pytorch_optim_to_deepspeed", "GatheredParameters", "check_cuda_p2p_ib_support",
     "get_gpu_info", "set_numa_affinity", "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading",
     "ensure_weights_retied", "fsdp2_apply_ac", "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict",

@@ -6,12 +6,9 @@ Example:
     ('model.safetensors', 'FULL_SHARD')
 """
 
-from ..core.availability import (BETA_CP_AVAILABLE_PYTORCH_VERSION, BETA_SP_AVAILABLE_DEEPSPEED_VERSION,
-                                 BETA_TP_AVAILABLE_PYTORCH_VERSION, BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
-                                 DTENSOR_PYTORCH_VERSION, ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION,
-                                 FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION, MINIMUM_VERSIONS,
-                                 MITA_PROFILING_AVAILABLE_PYTORCH_VERSION, STR_OPERATION_TO_FUNC,
-                                 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION)
+from ..core.accelerators import DEVICE_VISIBLE_DEVICES_ENV_VARS, TORCH_DISTRIBUTED_BACKENDS
+from ..core.availability import (BETA_SP_AVAILABLE_DEEPSPEED_VERSION, BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
+                                 MINIMUM_VERSIONS, STR_OPERATION_TO_FUNC)
 from ..big_modeling.casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from ..checkpointing.constants import *  # noqa: F401,F403 - the names are the point
 from ..checkpointing.constants import __all__ as _names
@@ -31,4 +28,4 @@ __all__ = list(_names) + ["FSDP_SHARDING_STRATEGY", "FSDP_AUTO_WRAP_POLICY", "FS
                           "SAGEMAKER_PYTORCH_VERSION", "SAGEMAKER_PYTHON_VERSION", "SAGEMAKER_TRANSFORMERS_VERSION",
                           "SAGEMAKER_PARALLEL_EC2_INSTANCES", "FSDP2_STATE_DICT_TYPE", "TORCH_LAUNCH_PARAMS",
                           "CUDA_DISTRIBUTED_TYPES", "TORCH_DISTRIBUTED_OPERATION_TYPES", "PROFILE_PATTERN_NAME",
-                          *MINIMUM_VERSIONS]
+                          "TORCH_DISTRIBUTED_BACKENDS", "DEVICE_VISIBLE_DEVICES_ENV_VARS", *MINIMUM_VERSIONS]

@@ -39,7 +39,7 @@ from ..strategies.parallel.mesh import TorchTensorParallelConfig
 from ..strategies.parallel.tp_size import TorchTensorParallelPlugin
 from ..strategies.parallel.context_config import TorchContextParallelConfig
 from ..tracking.base import LoggerType
-from ..fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from ..fp8.recipes import AORecipeKwargs, TERecipeKwargs
 from ..core.unavailable import (MegatronLMPlugin, add_model_config_to_megatron_parser, parse_bert_config,
                                 parse_glm4_moe_config, parse_gpt2_config, parse_llama_config, parse_t5_config)
 from ..big_modeling.bnb import BnbQuantizationConfig
@@ -52,7 +52,7 @@ __all__ = [
     "KwargsHandler", "LoggerType", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
     "TorchDynamoPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "BaseEnum", "ComputeEnvironment",
     "CustomDtype", "EnumWithContains", "FP8BackendType", "SageMakerDistributedType", "AORecipeKwargs",
-    "DeepSpeedSequenceParallelConfig", "FP8RecipeKwargs", "MegatronLMPlugin", "MSAMPRecipeKwargs", "TERecipeKwargs",
+    "DeepSpeedSequenceParallelConfig", "MegatronLMPlugin", "TERecipeKwargs",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
     "TorchContextParallelConfig",

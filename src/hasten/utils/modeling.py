@@ -35,6 +35,7 @@ from ..big_modeling.model_helpers import (
     load_state_dict,
 )
 from ..big_modeling.offload import load_offloaded_weights
+from ..core.accelerators import get_accelerator_free_memory, normalize_device
 from ..big_modeling.sizes import (
     check_tied_parameters_on_same_device,
     compute_module_sizes,
@@ -64,6 +65,7 @@ __all__ = [
     "dtype_byte_size",
     "fallback_allocate",
     "find_tied_parameters",
+    "get_accelerator_free_memory",
     "get_balanced_memory",
     "get_grad_scaler",
     "get_max_layer_size",
@@ -78,6 +80,7 @@ __all__ = [
     "id_tensor_storage",
     "infer_auto_device_map",
     "is_peft_model",
+    "normalize_device",
     "load_checkpoint_in_model",
     "load_offloaded_weights",
     "load_state_dict",

@@ -1,4 +1,4 @@
-"""Many small training scenarios in one launch, written for Accelerate 1.15 (hasten runs it with its imports rewritten).
+"""Many small training scenarios in one launch, written for Accelerate 1.16 (hasten runs it with its imports rewritten).
 
 Each scenario re-creates the Accelerator (after resetting the shared state,
 as Accelerate's own test scripts do), seeds, builds a tiny model with

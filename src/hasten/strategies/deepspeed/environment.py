@@ -10,7 +10,7 @@ Example:
     >>> from types import SimpleNamespace
     >>> fields = dict.fromkeys(["gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
     ...     "offload_param_device", "offload_optimizer_nvme_path", "offload_param_nvme_path", "zero3_save_16bit_model",
-    ...     "enable_msamp", "msamp_opt_level", "hf_ds_config"])
+    ...     "hf_ds_config"])
     >>> plugin = SimpleNamespace(**fields)
     >>> read_environment(plugin, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3", "ACCELERATE_GRADIENT_CLIPPING": "0.5"})
     >>> plugin.zero_stage, plugin.gradient_clipping, plugin.gradient_accumulation_steps, plugin.hf_ds_config
@@ -46,10 +46,6 @@ def read_environment(plugin: Any, env: Mapping[str, str]) -> None:
             setattr(plugin, name, env.get(f"ACCELERATE_DEEPSPEED_{variable}", "none"))
     if plugin.zero3_save_16bit_model is None:
         plugin.zero3_save_16bit_model = env.get("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true"
-    if plugin.enable_msamp is None:
-        plugin.enable_msamp = env.get("ACCELERATE_FP8_BACKEND") == "MSAMP"
-    if plugin.msamp_opt_level is None:
-        plugin.msamp_opt_level = env.get("ACCELERATE_FP8_OPT_LEVEL", "O1")
     if plugin.hf_ds_config is None:
         plugin.hf_ds_config = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
 

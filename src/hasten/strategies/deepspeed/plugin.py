@@ -83,16 +83,11 @@ class DeepSpeedPlugin:
     zero3_init_flag: bool | None = None
     zero3_save_16bit_model: bool | None = None
     transformer_moe_cls_names: str | None = None
-    enable_msamp: bool | None = None
-    msamp_opt_level: str | None = None
 
     def __post_init__(self) -> None:
         given = {name for name in _PLUGIN_TO_CONFIG if getattr(self, name) is not None}
         self._accumulation_implied = False  # the file gave no gradient_accumulation_steps (1 written for it)
         read_environment(self, os.environ)
-        if self.enable_msamp:
-            raise NotImplementedError("enable_msamp (or ACCELERATE_FP8_BACKEND=MSAMP) needs NVIDIA MS-AMP and GPUs, "
-                                      "which hasten does not support; use another fp8 backend or remove it.")
         if isinstance(self.hf_ds_config, HfDeepSpeedConfig):
             pass
         elif self.hf_ds_config is not None and self.hf_ds_config != "none":
@@ -139,7 +134,7 @@ class DeepSpeedPlugin:
                 "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model,
             },
         }
-        if self.gradient_clipping:  # "auto" too: filled at prepare (1.0, as Accelerate fills it)
+        if self.gradient_clipping is not None:  # "auto" too (filled at prepare, 1.0); 0.0 is written, as in 1.16
             config["gradient_clipping"] = self.gradient_clipping
         self.hf_ds_config = HfDeepSpeedConfig(config)
 

@@ -97,6 +97,7 @@ class DeepSpeedStrategy(Strategy):
 
     name: ClassVar[str] = "deepspeed"
     requires_joint_setup: ClassVar[bool] = True
+    replaces_parameters: ClassVar[bool] = True
     writes_own_checkpoint_files: ClassVar[bool] = True
     state_needs_every_process: ClassVar[bool] = True
     reads_sharded_from: ClassVar[frozenset[str]] = frozenset({"deepspeed"})

@@ -52,6 +52,12 @@ class DeepSpeedSequenceParallelConfig:
         sp_attn_implementation: the attention the model runs: "sdpa", "flash_attention_2",
             "flash_attention_3" or a hub flash-attention kernel ("kernels-community/flash-attn2"); None reads
             ``PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION`` and, when that is unset too, hasten uses the model's own.
+        sp_allow_recurrent_layers: prepare a model with linear-attention (recurrent) layers anyway; only right for
+            layers that exchange their state across the sequence-parallel processes themselves (default False, or
+            ``PARALLELISM_CONFIG_SP_ALLOW_RECURRENT_LAYERS``).
+        sp_disable_in_eval: run the whole sequence on every process in eval mode (default True, or
+            ``PARALLELISM_CONFIG_SP_DISABLE_IN_EVAL``); False keeps sequence parallelism on, and the evaluation
+            loader must then be sharded as the training one.
 
     Example:
         >>> DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False, sp_seq_length=256).sp_seq_length
@@ -65,8 +71,15 @@ class DeepSpeedSequenceParallelConfig:
     sp_seq_length: int | None = field(default=None)
     sp_seq_length_is_variable: bool | None = field(default=None)
     sp_attn_implementation: str | None = field(default=None)
+    sp_allow_recurrent_layers: bool | None = field(default=None)
+    sp_disable_in_eval: bool | None = field(default=None)
 
     def __post_init__(self) -> None:
+        if self.sp_allow_recurrent_layers is None:
+            allow = os.environ.get("PARALLELISM_CONFIG_SP_ALLOW_RECURRENT_LAYERS", "false")
+            self.sp_allow_recurrent_layers = allow.lower() == "true"
+        if self.sp_disable_in_eval is None:
+            self.sp_disable_in_eval = os.environ.get("PARALLELISM_CONFIG_SP_DISABLE_IN_EVAL", "true").lower() == "true"
         if self.sp_seq_length_is_variable is None:
             variable = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
             self.sp_seq_length_is_variable = variable.lower() == "true"
@@ -121,17 +134,16 @@ def check_sequence_parallel(parallelism_config: Any, world_size: int) -> int:
     return sp_size
 
 
-def _attention_of(model: Any, wanted: str | None) -> str:
+def _attention_of(model: Any, wanted: str | None, allow_recurrent: bool = False) -> str:
     """The attention implementation to wrap: the one asked for, which must be the model's (DeepSpeed wraps that one)."""
     config = getattr(model, "config", None)
     if config is None:
         raise ConfigError(f"sequence parallelism wraps a transformers model's attention, but {type(model).__name__} "
                           "has no `config`; prepare a transformers PreTrainedModel.")
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    recurrent = sorted({kind for kind in (getattr(text_config, "layer_types", None) or []) if "linear_attention" in kind})
-    if recurrent:
-        raise ConfigError(f"sequence parallelism cannot shard {type(model).__name__}'s {recurrent} layers, whose "
-                          "recurrent state along the sequence would restart on every process; use a full-attention model.")
+    if not allow_recurrent:
+        from ...big_modeling.model_helpers import refuse_recurrent_layers
+
+        refuse_recurrent_layers(model)
     used = getattr(config, "_attn_implementation", None)
     wanted = wanted or used or "sdpa"
     if used is not None and used != wanted:
@@ -163,7 +175,7 @@ def register_ulysses(model: Any, parallelism_config: Any, micro_batch_size: int 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     handler = getattr(parallelism_config, "sp_handler", None) or DeepSpeedSequenceParallelConfig()
-    attention = _attention_of(model, handler.sp_attn_implementation)
+    attention = _attention_of(model, handler.sp_attn_implementation, bool(handler.sp_allow_recurrent_layers))
     # DeepSpeed registers once per process: its groups are globals it asserts unset, and it replaces the
     # attention function in place. A later Accelerator (e.g. a resumed run) starts again from the original.
     groups._SEQUENCE_PARALLEL_GROUP = groups._SEQUENCE_DATA_PARALLEL_GROUP = None
@@ -172,7 +184,7 @@ def register_ulysses(model: Any, parallelism_config: Any, micro_batch_size: int 
         model_name_or_path=model, core_attn_implementation=attention,
         sequence_parallel_size=sequence_parallel_size(parallelism_config), micro_batch_size=micro_batch_size or 1,
         seq_length=handler.sp_seq_length, seq_length_is_variable=handler.sp_seq_length_is_variable,
-        disable_in_eval=True)  # Accelerate's choice: evaluation runs each process's own full batches
+        disable_in_eval=handler.sp_disable_in_eval)  # True by default: evaluation runs each process's full batches
 
 
 def sequence_parallel_group() -> Any:

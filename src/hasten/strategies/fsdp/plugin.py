@@ -7,7 +7,7 @@ None are read from the ``FSDP_*`` variables, as Accelerate's are), the
 (both reach each process in the launch spec; see
 `hasten.launch.config.FSDPConfig`).
 
-After construction every field holds what Accelerate 1.15's holds (torch's
+After construction every field holds what Accelerate 1.16's holds (torch's
 `ShardingStrategy`, `StateDictType`, `CPUOffload` / `OffloadPolicy`, wrap
 policy functions, ...), because libraries read them (TRL hands
 `cpu_offload` to `fully_shard`, diffusers reads `sharding_strategy`). The
@@ -214,7 +214,8 @@ class FullyShardedDataParallelPlugin:
         """Bind the wrap policy to `model`, as Accelerate does at `prepare`: a `functools.partial` of torch's policy.
 
         TRANSFORMER_BASED_WRAP gets the classes named in
-        `transformer_cls_names_to_wrap` (else the model's `_no_split_modules`);
+        `transformer_cls_names_to_wrap` (else those of the model's
+        `_no_split_modules` it contains, as Accelerate 1.16);
         SIZE_BASED_WRAP gets `min_num_params` (0: no wrap units, the policy
         becomes None). A callable of your own is left as it is.
 
@@ -233,8 +234,9 @@ class FullyShardedDataParallelPlugin:
         from ...runtime.modules import get_module_class_from_name
 
         if self.auto_wrap_policy is transformer_auto_wrap_policy:
-            if self.transformer_cls_names_to_wrap is None:
-                self.transformer_cls_names_to_wrap = list(getattr(model, "_no_split_modules", None) or [])
+            if self.transformer_cls_names_to_wrap is None:  # a model may name classes it does not instantiate
+                self.transformer_cls_names_to_wrap = [name for name in getattr(model, "_no_split_modules", None) or []
+                                                      if get_module_class_from_name(model, name) is not None]
             classes = set()
             for name in self.transformer_cls_names_to_wrap:
                 found = get_module_class_from_name(model, name)
@@ -252,7 +254,8 @@ class FullyShardedDataParallelPlugin:
 
         With `override` it replaces a policy already set; a dict policy of
         dtypes becomes torch's class. Version 2 gets `MixedPrecisionPolicy`
-        (``output_dtype`` too), version 1 `MixedPrecision` (``buffer_dtype``:
+        (parameters and reductions; outputs left as computed, as in
+        Accelerate 1.16), version 1 `MixedPrecision` (``buffer_dtype`` too:
         fp32 with `buffer_autocast`).
 
         Example:
@@ -272,12 +275,11 @@ class FullyShardedDataParallelPlugin:
                 raise ValueError(f"mixed_precision={mixed_precision!r} is not one of {list(dtypes)}; pass one of those.")
         elif isinstance(mixed_precision, torch.dtype) and mixed_precision not in dtypes.values():
             raise ValueError(f"mixed_precision={mixed_precision} is not one of {list(dtypes.values())}; pass one of those.")
-        third = "buffer_dtype" if self.fsdp_version == 1 else "output_dtype"
+        extra = {"buffer_dtype": torch.float32 if buffer_autocast else dtype} if self.fsdp_version == 1 else {}
         if override or self.mixed_precision_policy is None:
-            third_dtype = torch.float32 if buffer_autocast and self.fsdp_version == 1 else dtype
-            self.mixed_precision_policy = policy_class(param_dtype=dtype, reduce_dtype=dtype, **{third: third_dtype})
+            self.mixed_precision_policy = policy_class(param_dtype=dtype, reduce_dtype=dtype, **extra)
         elif isinstance(self.mixed_precision_policy, dict):
-            keys = ["param_dtype", "reduce_dtype", third]
+            keys = ["param_dtype", "reduce_dtype", *extra]
             policy = self.mixed_precision_policy
             if any(key not in policy for key in keys) or any(v not in dtypes.values() for v in policy.values()):
                 raise ValueError(f"mixed_precision_policy={policy} must be a dict with the keys {keys} and dtypes among "

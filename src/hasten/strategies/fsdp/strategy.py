@@ -24,7 +24,7 @@ from ...options import DistributedType
 from ...runtime.modules import get_parameters_from_modules
 from ...runtime.precision import PrecisionPolicy, make_precision_policy
 from . import checkpoint as fsdp_checkpoint
-from ..base import Parameters, ShardedState, Strategy, notice_once
+from ..base import ShardedState, Strategy, notice_once
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -82,8 +82,10 @@ def wrap_unit_filter(plugin: FullyShardedDataParallelPlugin, model: nn.Module) -
         return lambda module: sum(p.numel() for p in module.parameters()) > threshold
     if function is not transformer_auto_wrap_policy and name != "TRANSFORMER_BASED_WRAP":
         return _as_module_test(policy)
-    names = list(plugin.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
     present = {type(m).__name__ for m in model.modules()}
+    # the model's `_no_split_modules` may name classes it does not instantiate: those are left out (Accelerate 1.16)
+    names = list(plugin.transformer_cls_names_to_wrap
+                 or [n for n in getattr(model, "_no_split_modules", None) or [] if n in present])
     missing = [n for n in names if n not in present]
     if missing:
         raise ValueError(
@@ -158,6 +160,7 @@ class FSDPStrategy(Strategy):
 
     name = "fsdp"
     state_needs_every_process = True
+    replaces_parameters = True
 
     def __init__(self, device: torch.device, precision: PrecisionPolicy | None, plugin: FullyShardedDataParallelPlugin,
                  world_size: int, parallelism_config: ParallelismConfig | None = None) -> None:
@@ -377,28 +380,6 @@ class FSDPStrategy(Strategy):
         if self.sync_each_batch or not hasattr(model, "set_requires_gradient_sync"):
             return super().no_sync(model)
         return _GradientSyncOff(cast("FSDPModule", model))
-
-    def clip_grad_norm_(self, parameters: Parameters, max_norm: float, norm_type: float,
-                        optimizers: Sequence[torch.optim.Optimizer]) -> torch.Tensor:
-        """Clip by the global norm; gradients on different meshes (FSDP only vs FSDP x TP) are normed per mesh, then combined."""
-        self.unscale_gradients(optimizers)
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        groups: dict[Any, list[torch.Tensor]] = {}
-        for p in params:
-            if p.grad is not None:
-                groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
-        norms = []
-        for grads in groups.values():
-            norm = torch.nn.utils.get_total_norm(grads, norm_type)
-            norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if not norms:
-            return torch.tensor(0.0)
-        stacked = torch.stack(norms)
-        total = stacked.max() if norm_type == float("inf") else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
-        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for grads in groups.values():  # scale each shard in place (a DTensor multiply would mix meshes)
-            torch._foreach_mul_([g.to_local() if hasattr(g, "to_local") else g for g in grads], coefficient)
-        return total
 
     # -- state ----------------------------------------------------------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -7,7 +7,8 @@
   older `TorchTensorParallelPlugin`;
 - `context.py`: `maybe_context_parallel`'s context (torch's `context_parallel` on CUDA, gathered-KV attention on
   CPU); `context_config.py`: its `TorchContextParallelConfig`;
-- `pipeline.py`: `prepare_pippy` (pipelined inference; the peer's path is `hasten.inference`) and
+- `pipeline.py`: `prepare_pippy` (pipelined inference; Accelerate 1.15's `accelerate.inference`, which 1.16 removed:
+  hasten keeps it here, under its own path only) and
   `prepare_pipeline_training` (GPipe / 1F1B on `torch.distributed.pipelining`); `pippy.py`: the helpers
   Accelerate's `prepare_pippy` is made of (`build_pipeline`, `pippy_forward`, ...).
 

@@ -215,7 +215,9 @@ def drop_attention_masks(model: torch.nn.Module) -> None:
 
     Models whose layers use a stricter mask (sliding-window, chunked) are
     refused, since dropping it would silently train them with full causal
-    attention; so are transformers models set to an attention other than
+    attention (transformers' `supports_context_parallel` decides where the
+    model has it, as in Accelerate 1.16; hasten reads the layer types where it
+    has not); so are transformers models set to an attention other than
     SDPA, which would attend over this process's tokens only.
 
     Example:
@@ -223,8 +225,15 @@ def drop_attention_masks(model: torch.nn.Module) -> None:
     """
     config: Any = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    supported = getattr(model, "supports_context_parallel", None)  # transformers says so (Accelerate 1.16 asks it)
+    if supported is False:
+        raise ConfigError(f"{type(model).__name__} does not support context parallelism, which can only run full "
+                          "causal attention (a sliding-window or chunked layer would silently train as full causal, a "
+                          "recurrent one never exchanges its state); use a full-attention model or cp_size=1.")
     layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
+    if supported is not None:  # transformers has judged the layers
+        stricter: set[str] = set()
+    elif layer_types is not None:
         stricter = {t for t in layer_types if t != "full_attention"}
     else:
         stricter = {"sliding_attention"} if getattr(config, "sliding_window", None) else set()

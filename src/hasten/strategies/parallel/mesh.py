@@ -82,8 +82,9 @@ class ParallelismConfig:
     processes, becomes ``dp_replicate_size=N`` (plain DDP), as in Accelerate.
 
     ``dp_replicate_size > 1`` with ``dp_shard_size == 1`` is plain DDP; with
-    ``dp_shard_size > 1`` it is HSDP. Tensor parallel composes with FSDP/HSDP,
-    not with plain DDP (as in Accelerate).
+    ``dp_shard_size > 1`` it is HSDP. Context parallel composes with FSDP/HSDP,
+    not with plain DDP (as in Accelerate 1.16, which allows tensor parallel
+    beside plain replication).
 
     Example:
         >>> config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)   # HSDP on 4 processes
@@ -132,9 +133,9 @@ class ParallelismConfig:
         if self.cp_size > 1 and self.sp_size > 1:
             raise ValueError("context parallelism (cp_size > 1) and DeepSpeed sequence parallelism (sp_size > 1) split "
                              "the same sequences; pick one of them.")
-        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
-            raise ValueError("tensor/context parallelism cannot be combined with plain data replication (dp_replicate_size "
-                             "> 1 with dp_shard_size == 1); set dp_shard_size > 1 to compose it with FSDP/HSDP instead.")
+        if self.cp_size > 1 and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+            raise ValueError("context parallelism cannot be combined with plain data replication (dp_replicate_size > 1 "
+                             "with dp_shard_size == 1); set dp_shard_size > 1 to compose it with FSDP/HSDP instead.")
         if self.cp_size > 1:
             from .context_config import TorchContextParallelConfig
 
@@ -142,6 +143,23 @@ class ParallelismConfig:
             if not isinstance(self.cp_handler, TorchContextParallelConfig):
                 raise ValueError(f"cp_handler must be a TorchContextParallelConfig, not {type(self.cp_handler).__name__}; "
                                  "pass TorchContextParallelConfig(cp_comm_strategy=...).")
+
+    def to_json(self) -> dict[str, Any]:
+        """The configuration as a dict of plain values (Accelerate 1.16's keys; handlers as dicts, no device mesh).
+
+        Example:
+            >>> ParallelismConfig(dp_shard_size=2).to_json()["_sizes"]
+            {'dp_replicate': 1, 'dp_shard': 2, 'tp': 1, 'cp': 1, 'sp': 1}
+        """
+        import copy
+
+        out: dict[str, Any] = {name: getattr(self, name) for name in (*_SIZES[:4], "cp_backend", "sp_size", "sp_backend")}
+        for name in ("tp_handler", "cp_handler", "sp_handler"):
+            handler = getattr(self, name)
+            out[name] = copy.deepcopy(vars(handler)) if hasattr(handler, "__dict__") else copy.deepcopy(handler)
+        out["_sizes"] = {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size, "tp": self.tp_size,
+                         "cp": self.cp_size, "sp": self.sp_size}
+        return out
 
     # -- sizes ----------------------------------------------------------------
     @property

@@ -2,8 +2,9 @@
 
 Two entry points:
 
-* :func:`prepare_pippy` (Accelerate's name): pipelined *inference*; the model's
-  ``forward`` runs a GPipe schedule across all processes.
+* :func:`prepare_pippy` (Accelerate 1.15's name; 1.16 removed it, hasten keeps it
+  here): pipelined *inference*; the model's ``forward`` runs a GPipe schedule
+  across all processes.
 * :func:`prepare_pipeline_training`: pipelined *training*; returns a
   :class:`PipelineTrainer` whose ``step(inputs, target=...)`` runs forward and
   backward of every micro-batch (GPipe or 1F1B) and leaves each process's

@@ -31,7 +31,7 @@ __all__ = ["TorchTensorParallelPlugin", "get_model_tp_size", "split_tp_size", "c
 class TorchTensorParallelPlugin:
     """Accelerate's older tensor-parallel plugin: ``Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2))``.
 
-    Accelerate 1.15 deprecates it (a FutureWarning) and reads only `tp_size`:
+    Accelerate 1.16 deprecates it (a FutureWarning) and reads only `tp_size`:
     an Accelerator given it and no `parallelism_config` uses
     ``ParallelismConfig(tp_size=tp_size)``; hasten does the same.
 
@@ -50,7 +50,7 @@ class TorchTensorParallelPlugin:
 
 def tp_plugin_parallelism(plugin: TorchTensorParallelPlugin,
                           parallelism_config: ParallelismConfig | None) -> ParallelismConfig:
-    """What ``Accelerator(torch_tp_plugin=plugin)`` trains with, as in Accelerate 1.15: a FutureWarning, then the
+    """What ``Accelerator(torch_tp_plugin=plugin)`` trains with, as in Accelerate 1.16: a FutureWarning, then the
     `parallelism_config` given, else ``ParallelismConfig(tp_size=plugin.tp_size)``.
 
     Example:
