@@ -62,6 +62,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.timeout(300)
 def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path):
+    os.environ.setdefault("RUST_LOG", "warn")  # (the in-process lighthouse's INFO lines, one per quorum, otherwise)
     pytest.importorskip("torchft")
     from torchft.coordination import LighthouseServer
 
