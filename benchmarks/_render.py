@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from _render_elastic import elastic_section
+from _render_elastic import elastic_section, recovery_section
 from _tables import f, table, verdict
 
 PEERS = {"accelerate": "accelerate", "fabric": "lightning"}  # name -> module
@@ -450,6 +450,7 @@ def render(records: list[dict], quick: bool) -> str:
         lines += table(["behaviour (does it hold?)", *[{"hasten": "hasten", **peer_title}[fw] for fw in shown]], rows)
 
     lines += elastic_section(by(records, "elastic"))
+    lines += recovery_section(by(records, "recovery"))
 
     # notes and raw output
     lines += ["## How the peers were run", "",

@@ -1,4 +1,5 @@
-"""RESULTS.md's section on elastic runs (`benchmarks/elastic.py`): kept apart so `_render.py` stays readable."""
+"""RESULTS.md's sections on elastic runs (`benchmarks/elastic.py`) and on recovery beside torchft
+(`benchmarks/recovery.py`): kept apart so `_render.py` stays readable."""
 
 from __future__ import annotations
 
@@ -49,4 +50,33 @@ def elastic_section(records: list[dict]) -> list[str]:
                        f"2-process DDP run of a 6M-parameter MLP, one thread per process ({f(cost['step_s'] * 1000, 0)} "
                        f"ms a step): rounds of 60 steps with and without them alternate; the median ratio of their "
                        f"times is **{f(cost['ratio'], 3)}** (each: {', '.join(f(x, 3) for x in cost['ratios'])})."), ""]
+        sparser = [r for r in records if r["name"].startswith("periodic checkpoint cost, every") and "ratio" in r]
+        if sparser:
+            lines += [("Sparser saves, the same way (rounds of three saves' worth of steps): " + "; ".join(
+                f"every {r['every']} steps **{f(r['ratio'], 3)}** (each: {', '.join(f(x, 3) for x in r['ratios'])})"
+                for r in sparser) + "."), ""]
     return lines
+
+
+def recovery_section(records: list[dict]) -> list[str]:
+    """## Recovery beside torchft: the seconds, steps redone and samples lost when a machine is SIGKILLed."""
+    if not records:
+        return []
+    lines = ["## Recovery beside torchft", "",
+             ("Two \"machines\" of one process each on this host; machine 1 is SIGKILLed (every process of it) after "
+              "its step 20, then its command starts again (`benchmarks/recovery.py`). torchft 0.2.0 runs its own DDP "
+              "example (`_torchft_ddp.py`: its wiring, an MLP on indexed synthetic samples instead of CIFAR-10) with "
+              "its README's lighthouse flags, killed between two steps and inside a step; hasten runs "
+              "`benchmarks/elastic.py`'s DDP round (`--num_machines 1:2`). *Recovery*: kill to the survivor's next "
+              "optimizer step. *Join*: the new command to its first step in the group of two. *Dropped*: samples of "
+              "the uninterrupted run never trained; *twice*: samples trained twice (hasten: its final parameters "
+              "against the uninterrupted run's instead, every sample once)."), ""]
+    rows = [[r["name"].split(", ", 1)[1], "**crashed** " + str(r.get("error") or "") if r.get("crashed") else
+             f(r.get("recovery_s"), 2, " s"), f(r.get("join_s"), 2, " s"),
+             "-" if r.get("steps_redone") is None else r["steps_redone"],
+             r.get("samples_dropped", "-"), r.get("samples_twice", "-"),
+             "-" if r.get("final_difference") is None else f"{r['final_difference']:.1e}"]
+            for r in records]
+    lines += table(["run", "recovery", "join", "steps redone", "samples dropped", "samples twice",
+                    "final parameters vs uninterrupted"], rows)
+    return lines + [""]

@@ -3,6 +3,7 @@ uninterrupted run's numbers, what dealing a step's micro-batches unevenly costs,
 
     python benchmarks/elastic.py            # 3 rounds per engine and accumulation; 3 speed rounds; 6 save rounds
     python benchmarks/elastic.py --quick    # 1 round, DDP only; 1 speed round; 3 save rounds
+    python benchmarks/elastic.py --only periodic   # one of the three parts below
 
 1. Recovery. Two "machines" on this host (two `hasten launch --num_machines 1:2` commands, one process each,
    sharing a c10d endpoint on 127.0.0.1, torch's and hasten's default rendezvous settings) train
@@ -20,7 +21,8 @@ uninterrupted run's numbers, what dealing a step's micro-batches unevenly costs,
    median over a round's steps, as ratios to *even*.
 3. Periodic checkpoints. One 2-process DDP run (`_periodic_train.py`, an MLP of 6M parameters, one thread per
    process) alternates rounds of 60 steps with `save_every_n_steps=20` (asynchronous) and without: the ratio of
-   the rounds' times, median over rounds, is what the saves cost the training loop.
+   the rounds' times, median over rounds, is what the saves cost the training loop. The same with a save every 40
+   and every 80 steps (rounds of 120 and 240 steps), to find the interval at which the cost is 1.01 here.
 """
 
 from __future__ import annotations
@@ -205,10 +207,12 @@ def weighting_cost(work: Path, rounds: int, port: int) -> dict:
             "uneven_samples_vs_even": 0.75 * statistics.median(ratios["uneven"]), "errors": errors}
 
 
-def periodic_cost(work: Path, rounds: int) -> dict:
-    out = work / "periodic"
+def periodic_cost(work: Path, rounds: int, every: int = 20) -> dict:
+    """Rounds with a save every `every` optimizer steps against rounds without (each round 3 saves' worth of steps)."""
+    out = work / f"periodic-{every}"
+    steps = 3 * every
     command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(HERE / "_periodic_train.py"),
-               str(out), str(rounds), "60", "20"]
+               str(out), str(rounds), str(steps), str(every)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=_env("periodic"))
     if result.returncode != 0:
         return {"error": result.stderr[-2000:]}
@@ -216,20 +220,22 @@ def periodic_cost(work: Path, rounds: int) -> dict:
     pairs = [(a["seconds"], b["seconds"]) for a, b in zip(rows[::2], rows[1::2])][1:]  # round 0 warms up
     ratios = [with_saves / without for with_saves, without in pairs]
     saves = len(list((out / "checkpoints").glob("checkpoint_*")))
-    return {"ratio": statistics.median(ratios), "ratios": ratios, "step_s": statistics.median(b for _, b in pairs) / 60,
-            "checkpoints_kept": saves}
+    return {"ratio": statistics.median(ratios), "ratios": ratios, "every": every,
+            "step_s": statistics.median(b for _, b in pairs) / steps, "checkpoints_kept": saves}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=("recovery", "weighting", "periodic"), help="one of the three parts")
     args = parser.parse_args()
+    wanted = {args.only} if args.only else {"recovery", "weighting", "periodic"}
     engines = ["ddp"] if args.quick else ["ddp", "fsdp", "z2"]
     rounds = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="hasten-elastic-bench-") as tmp:
         work = Path(tmp)
         port = 23100 + os.getpid() % 500
-        for engine in engines:
+        for engine in engines if "recovery" in wanted else ():
             for accumulation in (1, 3):
                 reference = uninterrupted(engine, accumulation, work)
                 results = []
@@ -250,12 +256,15 @@ def main() -> None:
                       f"{row['grow_all']} s, final parameters vs uninterrupted {row['final_difference']}, "
                       f"finished {row['finished']}, errors {row['errors']}", flush=True)
                 record("elastic", f"recovery {engine} accumulation {accumulation}", **row)
-        speed = weighting_cost(work, 1 if args.quick else 3, port + 100)
-        print(f"weighting cost, 2-process DDP (steps/s against 2 of a 2:4 range): {speed}", flush=True)
-        record("elastic", "weighting cost", framework="hasten", **speed)
-        cost = periodic_cost(work, 3 if args.quick else 6)
-        print(f"periodic checkpoints every 20 steps (async), 2-process DDP: {cost}", flush=True)
-        record("elastic", "periodic checkpoint cost", framework="hasten", **cost)
+        if "weighting" in wanted:
+            speed = weighting_cost(work, 1 if args.quick else 3, port + 100)
+            print(f"weighting cost, 2-process DDP (steps/s against 2 of a 2:4 range): {speed}", flush=True)
+            record("elastic", "weighting cost", framework="hasten", **speed)
+        for every in () if "periodic" not in wanted else (20,) if args.quick else (20, 40, 80):  # the issue's setting, then where this machine gets to 1.01
+            cost = periodic_cost(work, 3 if args.quick else 6, every)
+            print(f"periodic checkpoints every {every} steps (async), 2-process DDP: {cost}", flush=True)
+            record("elastic", "periodic checkpoint cost" + ("" if every == 20 else f", every {every}"),
+                   framework="hasten", **cost)
 
 
 if __name__ == "__main__":

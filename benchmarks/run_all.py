@@ -47,6 +47,7 @@ BENCHMARKS = [
     ("compile.py", 1800, 600, None),
     ("fp8.py", 1800, 600, "torchao"),
     ("elastic.py", 3600, 1200, None),
+    ("recovery.py", 1800, 900, "torchft"),
 ]
 from _chart import chart  # noqa: E402
 from _render import PEERS, once, render  # noqa: E402

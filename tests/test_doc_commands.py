@@ -87,7 +87,11 @@ def run_machines(commands: list[tuple[str, ...]], cwd: Path, env: dict[str, str]
     lines = [f"cd {shlex.quote(str(cwd))}"]
     for index, command in enumerate(commands):
         lines.append(f"(set -o pipefail; {shlex.join(command)} 2>&1 | sed -u 's/^/[machine {index}] /') &")
-    lines.append(f"for _ in {' '.join(['x'] * len(commands))}; do wait -n || exit $?; done")
+        lines.append('pids="$pids $!"')
+    # the first machine to fail ends the wait (`wait -n`); bash's `wait -n` answers 127 when two jobs ended together
+    # and it has none left to report, so each machine's own status is read at the end (bash keeps them)
+    lines.append('while [ -n "$(jobs -pr)" ]; do wait -n || { rc=$?; [ "$rc" = 127 ] || exit "$rc"; }; done')
+    lines.append('for pid in $pids; do wait "$pid" || exit $?; done')
     result = run_with_timeout(["bash", "-c", "\n".join(lines)], TIMEOUT, env)
     assert result.returncode == 0, f"a machine failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}"
     return result.stdout
