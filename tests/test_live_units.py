@@ -145,3 +145,74 @@ def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):
     assert [len(a) for a in attempts] == [2, 2, 2, 4, 4]  # odd micro-batches at P=2, all four at P=1
     assert set(map(tuple, attempts[2])) <= set(map(tuple, attempts[3]))  # the redo covers the failed share and more
     assert len(committed) == 4
+
+
+# ------------------------------------------------------------------------------- the launcher's side (no processes)
+def _live_plan(**overrides):
+    from hasten.launch.plan import LaunchPlan
+
+    settings = dict(target=__file__, num_processes=2, num_machines=2, min_machines=1, machine_rank=1,
+                    main_process_ip="127.0.0.1", main_process_port=29500, live=True)
+    return LaunchPlan(**{**settings, **overrides})
+
+
+@pytest.fixture
+def torchft_present(monkeypatch):
+    import hasten.launch.live as launch_live
+
+    monkeypatch.setattr(launch_live, "find_spec", lambda name: object())
+
+
+def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthouse(torchft_present):
+    from hasten.launch.live import local_plan
+
+    plan = _live_plan().validate(check_port=False)
+    local = local_plan(plan)
+    assert (local.mode, local.num_processes, local.num_machines, local.elastic, local.live) == ("torchrun", 1, 1,
+                                                                                             False, False)
+    assert local.main_process_ip == "127.0.0.1" and local.main_process_port not in (None, 29500)
+    assert local.spec.live == {"lighthouse": "http://127.0.0.1:29500", "replica": 1, "min_replicas": 1}
+    assert local.spec.elastic == {"min_processes": 1, "max_processes": 2, "processes_per_machine": 1}
+    assert local.spec.live_settings().replica == 1
+    assert "--nnodes=1" in local.torchrun_argv() and "lighthouse at http://127.0.0.1:29500" in plan.describe()
+    # a worker that dies here may be restarted (it then heals from a peer): --max_restarts stays with the machine
+    assert local_plan(_live_plan(max_restarts=2).validate(check_port=False)).restarts_by_launcher == 2
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"num_processes": 4}, "one process per machine"),
+    ({"min_machines": None, "num_machines": 2}, "--num_machines MIN:MAX"),
+    ({"spec": LaunchSpec(deepspeed={"zero_stage": 2})}, "DeepSpeed"),
+    ({"spec": LaunchSpec(fsdp={"fsdp_version": 2})}, "FSDP"),
+])
+def test_what_phase_1_cannot_do_is_refused_at_launch_naming_the_flag(torchft_present, overrides, words):
+    from hasten.core.errors import LaunchError
+
+    with pytest.raises(LaunchError, match="--elastic_recovery live") as refused:
+        _live_plan(**overrides).validate(check_port=False)
+    assert words in str(refused.value) and str(refused.value).count(". ") == 0  # one sentence
+
+
+def test_a_live_launch_without_torchft_is_refused(monkeypatch):
+    import hasten.launch.live as launch_live
+    from hasten.core.errors import LaunchError
+
+    monkeypatch.setattr(launch_live, "find_spec", lambda name: None)
+    with pytest.raises(LaunchError, match="needs torchft"):
+        _live_plan().validate(check_port=False)
+
+
+def test_the_flag_reaches_the_plan():
+    from hasten.cli.launch import build_plan, launch_parser, resolve_config
+
+    argv = ["--cpu", "--num_machines", "1:2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+            "--machine_rank", "1", "--elastic_recovery", "live", __file__]
+    args = launch_parser().parse_args(argv)
+    try:
+        plan = build_plan(args, resolve_config(args))
+    except Exception as error:  # noqa: BLE001 - without torchft the launch is refused, by this flag
+        assert "torchft" in str(error)
+        return
+    assert plan.live and plan.elastic
+    args = launch_parser().parse_args(argv[:-3] + [__file__])
+    assert args.elastic_recovery == "restart" and not build_plan(args, resolve_config(args)).live

@@ -56,7 +56,7 @@ def live_problem(plan: Any) -> str | None:
         '--elastic_recovery live runs one process per machine in this version, but this launch has 2 per machine; ...'
     """
     if not plan.elastic:
-        return f"{FLAG} recovers an elastic run: give --num_machines MIN:MAX (e.g. 1:2), or drop {FLAG}."
+        return f"{FLAG} recovers an elastic run: give --num_machines MIN:MAX (such as 1:2), or drop {FLAG}."
     if plan.processes_per_machine > 1:
         return (f"{FLAG} runs one process per machine in this version, but this launch has "
                 f"{plan.processes_per_machine} per machine; give --num_processes equal to the MAX machines, or use "
