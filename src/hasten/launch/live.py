@@ -142,9 +142,8 @@ def lighthouse(plan: Any) -> Iterator[Any]:
 def run_live(plan: Any, launch: Callable[[Any], Any]) -> Any:
     """Carry out a live plan with `launch` (`launch.run.launch`): the lighthouse here on machine 0, then this
     machine's local launch."""
-    local = local_plan(plan)
-    with lighthouse(plan):
-        return launch(local)
+    with lighthouse(plan):  # (first: the local launch's free port is then never the lighthouse's)
+        return launch(local_plan(plan))
 
 
 def describe_live(plan: Any) -> str:
