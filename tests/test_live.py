@@ -60,8 +60,25 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run: one process dealing all M = 2 x 2 micro-batches of each step (no live group); its
+    samples per committed optimizer step and its final parameters."""
+    os.environ.setdefault("RUST_LOG", "warn")  # before torchft is imported: the in-process lighthouse's INFO lines
+    pytest.importorskip("torchft")
+    ref_dir = tmp_path_factory.mktemp("ref")
+    reference, ref_log = _start(ref_dir, "ref", LaunchSpec(elastic=ELASTIC))
+    try:
+        assert reference.wait(timeout=120) == 0, ref_log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(reference.pid, signal.SIGKILL)
+    ref_steps = {steps: sorted(ids) for _, _, steps, committed, _, ids in _steps(ref_log) if committed}
+    return ref_steps, torch.load(next(ref_dir.glob("final_*.pt")))
+
+
 @pytest.mark.timeout(300)
-def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path):
+def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, uninterrupted):
     os.environ.setdefault("RUST_LOG", "warn")  # (the in-process lighthouse's INFO lines, one per quorum, otherwise)
     pytest.importorskip("torchft")
     from torchft.coordination import LighthouseServer
@@ -70,15 +87,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path):
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, quorum_tick_ms=100,
                                   heartbeat_timeout_ms=1000)
     try:
-        # the uninterrupted run: one process dealing all M = 2 x 2 micro-batches of each step (no live group)
-        ref_dir = tmp_path / "ref"
-        ref_dir.mkdir()
-        reference, ref_log = _start(ref_dir, "ref", LaunchSpec(elastic=ELASTIC))
-        processes.append(reference)
-        assert reference.wait(timeout=120) == 0, ref_log.read_text()[-3000:]
-        ref_steps = {steps: sorted(ids) for _, _, steps, committed, _, ids in _steps(ref_log) if committed}
-        ref_final = torch.load(next(ref_dir.glob("final_*.pt")))
-
+        ref_steps, ref_final = uninterrupted
         live = lambda replica: LaunchSpec(elastic=ELASTIC, live={"lighthouse": lighthouse.address(),  # noqa: E731
                                                                  "replica": replica, "min_replicas": 1})
         survivor, log0 = _start(tmp_path, "machine0", live(0), STEP_SLEEP="0.1")
@@ -130,3 +139,100 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
         lighthouse.shutdown()
+
+
+MARK = "HASTEN_TEST_LIVE_MACHINE"  # in the environment of every process of one "machine": what the kill looks for
+
+
+def _launch(out: Path, name: str, rank: int, port: int, mark: str, **extra: str) -> tuple[subprocess.Popen, Path]:
+    """`hasten launch --elastic_recovery live` of one machine of two (all on this host, loopback)."""
+    log = out / f"{name}.log"
+    env = _env(out, LaunchSpec(), **{MARK: mark, **extra})
+    env.pop(SPEC_ENV_VAR)  # the launcher makes the spec
+    command = [sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes", "2",
+               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+               "--elastic_recovery", "live", str(SCRIPT)]
+    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    return process, log
+
+
+def _kill_machine(mark: str) -> int:
+    """SIGKILL every process whose environment holds `MARK=mark` (the machine's launcher, agent and worker)."""
+    needle, killed = f"{MARK}={mark}".encode(), 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+    return killed
+
+
+@pytest.mark.timeout(300)
+def test_hasten_launch_elastic_recovery_live_survives_a_killed_machine(tmp_path, uninterrupted):
+    """The same run through `hasten launch --num_machines 1:2 --elastic_recovery live`: machine 0's launcher holds the
+    lighthouse; machine 1's launcher and worker are SIGKILLed inside a step and its command is started again."""
+    from hasten.launch.plan import find_free_port
+
+    ref_steps, ref_final = uninterrupted
+    port = find_free_port()
+    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
+    processes: list[subprocess.Popen] = []
+    try:
+        survivor, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], STEP_SLEEP="0.25")
+        victim, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], STEP_SLEEP="0.25")
+        processes += [survivor, victim]
+        _wait(lambda: any(s >= 10 and p == 2 for _, _, s, c, p, _ in _steps(log1) if c), 180,
+              "machine 1 to commit step 10 in a group of 2", [log0, log1])
+        time.sleep(0.05)  # into the next step (its pause before the synchronising backward is 0.25 s)
+        killed = _kill_machine(marks[1])
+        killed_at = time.time()
+        assert killed >= 2, "machine 1's launcher and worker were not found"  # (launcher+agent, worker, guardian)
+        victim.wait(timeout=30)
+        time.sleep(2.0)
+        joiner, log1b = _launch(tmp_path, "machine1-again", 1, port, marks[1], STEP_SLEEP="0.25")
+        restarted_at = time.time()
+        processes.append(joiner)
+        _wait(lambda: "DONE" in log0.read_text() and "DONE" in log1b.read_text(), 240, "both machines to finish",
+              [log0, log1, log1b])
+        assert survivor.wait(timeout=60) == 0, log0.read_text()[-3000:]
+        assert joiner.wait(timeout=60) == 0, log1b.read_text()[-3000:]
+
+        rows0, rows1, rows1b = _steps(log0), _steps(log1), _steps(log1b)
+        # the survivor's worker is the process it was: one start, one pid in all its lines
+        starts = [line.split() for line in log0.read_text().splitlines() if line.startswith("START ")]
+        assert len(starts) == 1 and {pid for _, pid, *_ in rows0} == {int(starts[0][2])}
+        after = [t for t, _, _, c, _, _ in rows0 if c and t > killed_at]
+        recovery = after[0] - killed_at
+        failed = [s for t, _, s, c, _, _ in rows0 if not c]
+        joined = [t for t, _, _, c, p, _ in rows1b if c and p == 2]
+        by_step: dict[int, list[int]] = {}
+        for rows in (rows0, rows1, rows1b):
+            seen = [s for _, _, s, c, _, _ in rows if c]
+            assert len(seen) == len(set(seen)), "a process committed one optimizer step twice"
+            for _, _, s, c, _, ids in rows:
+                if c:
+                    by_step.setdefault(s, []).extend(ids)
+        differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
+        trained = sorted(i for ids in by_step.values() for i in ids)
+        finals = [torch.load(path) for path in sorted(tmp_path.glob("final_*.pt"))]
+        errors = [_relative(final, ref_final) for final in finals]
+        print(f"\nhasten launch --elastic_recovery live: killed {killed} processes of machine 1; survivor: failed "
+              f"attempts after the kill {len(failed)} (steps {failed}); first committed step +{recovery:.2f} s after "
+              f"the kill; joiner: first step in a group of 2 "
+              f"+{(joined[0] - restarted_at) if joined else float('nan'):.2f} s after its command; committed steps "
+              f"{len(by_step)} of {len(ref_steps)}; steps whose samples differ: {differing}; samples trained "
+              f"{len(trained)} ({len(set(trained))} distinct); final relative error "
+              f"{', '.join(f'{e:.2e}' for e in errors)}")
+        assert recovery <= 5.0
+        assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert len(trained) == len(set(trained)) == sum(len(ids) for ids in ref_steps.values())
+        assert len(finals) == 2 and max(errors) <= 1e-5
+        assert joined, "the restarted machine never trained in a group of 2"
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for mark in marks:
+            _kill_machine(mark)
