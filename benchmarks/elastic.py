@@ -76,12 +76,13 @@ def _steps(out: Path, world: int, after: float) -> list[float]:
     return times
 
 
-def _until(condition, limit: float) -> bool:
+def until(condition, limit: float, every: float = 0.1) -> bool:
+    """Whether `condition()` held within `limit` seconds (asked every `every` seconds)."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if condition():
             return True
-        time.sleep(0.1)
+        time.sleep(every)
     return False
 
 
@@ -126,18 +127,18 @@ def recovery_round(engine: str, accumulation: int, work: Path, port: int, refere
     time.sleep(1.0)
     machines.append(start(1))
     try:
-        if not _until(lambda: len(_steps(out, 2, 0)) >= 12, 300):
+        if not until(lambda: len(_steps(out, 2, 0)) >= 12, 300):
             return {"error": "no steps on two machines"}
         (out / "pace").write_text("0.2")
         killed = time.time()
         _kill_machine(f"{port}-1")
-        if not _until(lambda: len(_steps(out, 1, killed)) >= 2, 240):
+        if not until(lambda: len(_steps(out, 1, killed)) >= 2, 240):
             return {"error": "the survivor did not step"}
         shrink = min(_steps(out, 1, killed)) - killed
         (out / "pace").write_text("0.5")
         restarted = time.time()
         machines.append(start(1))
-        if not _until(lambda: _steps(out, 2, restarted), 240):
+        if not until(lambda: _steps(out, 2, restarted), 240):
             return {"error": "the run did not grow back"}
         grow = min(_steps(out, 2, restarted)) - restarted
         (out / "pace").write_text("0.02")

@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import elastic
 from _launch import descendants
 from _results import record
 
@@ -49,12 +50,7 @@ def _rows(log: Path) -> list[tuple[float, int, int, bool, int, list[str]]]:
 
 
 def _until(condition, limit: float) -> bool:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
+    return elastic.until(condition, limit, every=0.02)  # finer than elastic.py's: the seconds measured here are short
 
 
 def _kill(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -142,8 +138,6 @@ def torchft_round(work: Path, port: int, placement: str) -> dict:
 
 def hasten_round(work: Path, port: int, reference: Path) -> dict:
     """benchmarks/elastic.py's recovery round (DDP, accumulation 1), with the steps the re-formation redid."""
-    import elastic
-
     result = elastic.recovery_round("ddp", 1, work, port, reference)
     logs = "".join(path.read_text() for path in work.glob(f"ddp-1-{port}/m0.log"))
     redone = [int(n) for n in re.findall(r"(\d+) step\(s\) redone", logs)]
@@ -162,8 +156,6 @@ def main() -> None:
         import torchft  # noqa: F401
     except ImportError:
         sys.exit("benchmarks/recovery.py runs torchft's example beside hasten: pip install torchft==0.2.0")
-    import elastic
-
     rounds = 1 if args.quick else 2
     port = 24100 + os.getpid() % 400
     with tempfile.TemporaryDirectory(prefix="hasten-recovery-bench-") as tmp:
