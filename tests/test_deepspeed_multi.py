@@ -24,7 +24,7 @@ pytest.importorskip("deepspeed")
 from safetensors.torch import load_file  # noqa: E402
 
 from conftest import SCRIPTS, launch, run_with_timeout  # noqa: E402
-from parity.harness import peer_entry  # noqa: E402
+from parity.harness import cached_output, peer_entry, store_cached  # noqa: E402
 from hasten import Accelerator  # noqa: E402
 from hasten.state import AcceleratorState  # noqa: E402
 from hasten.utils.deepspeed import DeepSpeedConfigError, DeepSpeedPlugin, get_active_deepspeed_plugin  # noqa: E402
@@ -281,8 +281,9 @@ def _losses(lib: str, scenario: str) -> list[str]:
     # Accelerate's lines are kept as the parity suite keeps its peer runs (a DeepSpeed interpreter is ~10 CPU-s)
     entry = peer_entry(SCRIPTS / "ds_peer_pair.py", 1, [scenario, md.version("deepspeed")]) if lib == "accelerate" \
         else None
-    if entry is not None and (entry / "complete").exists():
-        return (entry / "output.txt").read_text().splitlines()
+    cached = cached_output(entry)
+    if cached is not None:
+        return cached.splitlines()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "HASTEN_"))}
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -291,10 +292,7 @@ def _losses(lib: str, scenario: str) -> list[str]:
     assert result.returncode == 0, f"{lib} {scenario}:\n{result.stdout}\n{result.stderr[-3000:]}"
     lines = [line for line in result.stdout.splitlines() if line.startswith(("LOSS", "LAYERS"))]
     assert len(lines) >= 12, result.stdout
-    if entry is not None:
-        entry.mkdir(parents=True, exist_ok=True)
-        (entry / "output.txt").write_text("\n".join(lines))
-        (entry / "complete").write_text("")
+    store_cached(entry, None, "\n".join(lines))
     return lines
 
 

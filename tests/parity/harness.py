@@ -154,12 +154,22 @@ def restore_cached(entry: Path | None, out: Path) -> bool:
     return True
 
 
-def store_cached(entry: Path | None, out: Path, output: str = "") -> None:
-    """Keep a finished peer run's folder and console output for the next runs (nothing when the cache is off)."""
+def cached_output(entry: Path | None) -> str | None:
+    """The console output of a complete cached peer run (None when there is none)."""
+    if entry is None or not (entry / "complete").exists():
+        return None
+    return (entry / "output.txt").read_text()
+
+
+def store_cached(entry: Path | None, out: Path | None, output: str = "") -> None:
+    """Keep a finished peer run's folder (`out`; None: a run that wrote none) and console output for the next runs
+    (nothing when the cache is off)."""
     if entry is None:
         return
     shutil.rmtree(entry, ignore_errors=True)
-    shutil.copytree(out, entry / "out")
+    if out is not None:
+        shutil.copytree(out, entry / "out")
+    entry.mkdir(parents=True, exist_ok=True)
     (entry / "output.txt").write_text(output)
     (entry / "complete").write_text("")
 
