@@ -147,6 +147,36 @@ def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):
     assert len(committed) == 4
 
 
+def test_sigterm_inside_a_step_finishes_it_then_leaves_at_the_boundary(monkeypatch, capsys):
+    import os
+    import signal
+
+    from hasten.facade.live import LeftLiveRun
+
+    class SignalledGroup(FakeGroup):  # SIGTERM really sent to this process while step 1 is in progress
+        closed = False
+
+        def allreduce(self, flat) -> bool:
+            if self.step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return True
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.delenv("HASTEN_PREEMPTION_RECORD", raising=False)
+    monkeypatch.setenv("HASTEN_MACHINE", "vm/1")
+    before = signal.getsignal(signal.SIGTERM)
+    group = SignalledGroup()
+    with pytest.raises(LeftLiveRun) as left:
+        _train(monkeypatch, group)
+    assert group.step == 2 and group.closed  # step 1 committed with everyone, then the machine left the group
+    assert len(group.quorums) == 2  # it never asked for the quorum of step 2 (its members would wait for it)
+    assert left.value.code == 75 and left.value.optimizer_steps >= 2
+    assert "vm/1 left the live run on SIGTERM after optimizer step" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is given back
+
+
 # ------------------------------------------------------------------------------- the launcher's side (no processes)
 def _live_plan(**overrides):
     from hasten.launch.plan import LaunchPlan

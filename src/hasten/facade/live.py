@@ -11,7 +11,11 @@ When the launch spec has a ``live`` field (`hasten.process.launch_spec.LiveSetti
   scheduler does not step, ``sync_gradients`` is False, and the loader deals the *same* step again at the new P
   before it yields anything else: every sample of a committed step is trained once, no optimizer step twice;
 - a machine that joins receives the models, optimizers, schedulers, step count and loader position from a live
-  peer inside its first `begin_step()` (nothing is read from disk).
+  peer inside its first `begin_step()` (nothing is read from disk);
+- SIGTERM or SIGUSR1 (a spot notice, a drained node, a stopped launcher) is a graceful leave: the step in progress
+  finishes with everyone, and at the next step boundary this machine leaves the group instead of asking for a quorum
+  (`LeftLiveRun`, exit code `EXIT_PREEMPTED`); the others' next quorum is formed without it once its heartbeat
+  stops, with no step attempt failed and nothing saved (they hold the state).
 
 Example:
     >>> from hasten.process.elastic import ElasticSizes
@@ -31,16 +35,44 @@ Example:
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
 import time
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..checkpointing.preemption import PREEMPTION_SIGNALS, RECORD_ENV, Preempted
+from ..process.launch_spec import MACHINE_ENV
 from ..process.live import LiveQuorum, LiveReducer, live_line
 
 if TYPE_CHECKING:
     from .elastic import ElasticRun
 
-__all__ = ["LiveStep", "start_live"]
+__all__ = ["LiveStep", "LeftLiveRun", "start_live"]
+
+
+class LeftLiveRun(Preempted):
+    """Raised at a step boundary of a live run after SIGTERM/SIGUSR1: this machine left, the others go on in memory.
+
+    It ends the process like a preemption (quiet, exit code `EXIT_PREEMPTED`), but nothing was saved: the machines
+    left hold the state, and a machine that starts its command again heals from them.
+
+    Example:
+        >>> stop = LeftLiveRun("SIGTERM", optimizer_steps=12, machine="vm/1")
+        >>> stop.code, stop.describe()
+        (75, 'vm/1 left the live run on SIGTERM after optimizer step 12; the other machines go on without a restart; start this command again to rejoin from a live peer')
+    """
+
+    def __init__(self, signal_name: str, optimizer_steps: int, machine: str) -> None:
+        super().__init__("", signal_name, epoch=0, batch=0)
+        self.optimizer_steps, self.machine = optimizer_steps, machine
+
+    def describe(self) -> str:
+        return (f"{self.machine} left the live run on {self.signal_name} after optimizer step {self.optimizer_steps}; "
+                "the other machines go on without a restart; start this command again to rejoin from a live peer")
 
 
 class LiveStep:
@@ -63,11 +95,48 @@ class LiveStep:
         self._redone = 0
         self._reducer: LiveReducer | None = None
         self.loaders: list[Any] = []  # the prepared loaders that deal live steps (their positions go to joiners)
+        self.leaving: int | None = None  # SIGTERM/SIGUSR1 received: leave at the next step boundary
+        self._previous: dict[int, Any] = {}
         group.register_state(self.save, self.load)
+
+    # -- a graceful leave ------------------------------------------------------------------------
+    def watch_signals(self) -> None:
+        """SIGTERM / SIGUSR1 mean "leave at the next step boundary" (main thread only: Python's rule for handlers)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in PREEMPTION_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.quorum is None:  # not in the group yet: nobody waits for this machine, stop as without hasten
+            self.release_signals()
+            os.kill(os.getpid(), signum)
+            return
+        self.leaving = signum
+
+    def release_signals(self) -> None:
+        """Give SIGTERM / SIGUSR1 back to their previous handlers."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _leave(self) -> None:
+        owner = self._owner()
+        steps = int(owner.gradient_state.optimizer_steps) if owner is not None else 0
+        stop = LeftLiveRun(signal.Signals(self.leaving).name, steps, os.environ.get(MACHINE_ENV, "this machine"))
+        self.release_signals()
+        self.group.close()  # its heartbeat stops: the next quorum forms without it
+        record = os.environ.get(RECORD_ENV)
+        if record:  # the launcher says the line and exits with EXIT_PREEMPTED
+            Path(record).write_text(json.dumps({"message": stop.describe(), "checkpoint": ""}))
+        else:
+            self.say(f"hasten: {stop.describe()}.")
+        raise stop
 
     # -- the step --------------------------------------------------------------------------------
     def begin_step(self) -> LiveQuorum:
         """The loader's step boundary: this step's quorum sets the group size and rank (a joiner is healed inside)."""
+        if self.leaving is not None:  # (before asking: a member of the quorum that then left would fail its step)
+            self._leave()
         quorum = self.group.begin_step()
         self.run.world, self.run.rank = quorum.processes(), quorum.rank()
         seconds = time.monotonic() - self._failed_since if self._failed_since is not None else None
@@ -143,6 +212,7 @@ def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
                       timeout=owner.state.timeout if getattr(owner.state, "timeout", None) else _default_timeout())
     live = LiveStep(run, group, owner, say=lambda line: print(line, flush=True))
     run.live = live
+    live.watch_signals()
     atexit.register(group.close)
     return live
 
