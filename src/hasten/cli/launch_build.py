@@ -233,6 +233,7 @@ def build_plan(args: argparse.Namespace, resolved: ResolvedLaunch, in_this_proce
         rdzv_conf=_rdzv_conf(getattr(args, "rdzv_conf", "")) or None,
         tee=str(getattr(args, "tee", "0")), log_dir=getattr(args, "log_dir", None),
         role=getattr(args, "role", "default"), no_python=no_python,
+        live=getattr(args, "elastic_recovery", "restart") == "live",
     ).validate(check_script=check_script)
 
 

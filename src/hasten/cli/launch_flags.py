@@ -25,6 +25,7 @@ from typing import Any
 
 from ..core.environment import str_to_bool
 from ..launch.config import DeepSpeedConfig, FSDPConfig, LaunchConfig
+from ..launch.live import RECOVERY_CHOICES
 from ..options.configuration import TORCH_DYNAMO_MODES
 from ..process.launch_spec import AS_ACCELERATE_ENV, CONFIG_FILE_ENV
 from .recording_parser import CustomArgumentParser, SwitchAction, _StoreAction, _StoreConstAction, _StoreTrueAction
@@ -141,6 +142,11 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
         _value("--rdzv_conf", default="", text="torchrun's extra rendezvous settings, key=value,..." + _TORCHRUN),
         _value("--max_restarts", kind=int, default=0, text="restart every process this many times after a failure "
                "(on one machine only after an attempt that trained a batch)"),
+        _value("--elastic_recovery", default="restart", choices=list(RECOVERY_CHOICES),
+               text="hasten: how an elastic run (--num_machines MIN:MAX) recovers when a machine leaves or joins: "
+                    "restart (every process starts again from the newest checkpoint) or live (the others keep "
+                    "training in memory and a joiner heals from a live peer; one process per machine, no DeepSpeed "
+                    "or FSDP, needs torchft)"),
         _value("--monitor_interval", kind=float, default=0.1, text="seconds between checks of the processes"),
         _value("--liveness_timeout", kind=float, metavar="SECONDS"),
     ]),

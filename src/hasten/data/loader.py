@@ -32,6 +32,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from ..runtime.collectives import send_to_device
 from ..runtime.gradient_state import GradientState
 from .elastic import ElasticBatchSampler
+from .live import LivePosition, live_pass
 from .order import SampleOrder
 # the position half of the loader; DataLoaderStateMixin and LoaderCursor are also importable from here, as before
 from .position import DataLoaderStateMixin, LoaderCursor, LoaderPositionMixin, skip_unread
@@ -158,6 +159,7 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         batches = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
         self._elastic = batches if isinstance(batches, ElasticBatchSampler) else None
         self._steps_at_handout = 0
+        self._live, self._healed = LivePosition(), None  # a live run's position, and one received from a peer
         self._built()
 
     def _built(self) -> None:
@@ -278,6 +280,15 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         elastic = self._elastic
         if elastic is not None:  # a training pass is dealt in micro-batches, another one sharded plainly
             elastic.begin_pass(cursor.training)
+        live = getattr(elastic.source, "live", None) if elastic is not None else None
+        if live is not None and elastic.dealt():  # a live run: each step at its quorum's size (`live.py`)
+            position = self.begin()
+            try:
+                yield from live_pass(self, elastic, live, position)
+            finally:
+                if state is not None:
+                    state.pop(position)
+            return
         skip = cursor.pending_skip + self.skip_batches
         position = self.begin()
         try:
@@ -312,6 +323,14 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         finally:  # (a loop that broke off keeps its position for a checkpoint; the next pass starts afresh)
             if state is not None:
                 state.pop(position)
+
+    def live_position(self) -> dict[str, Any]:
+        """A live run's position of this loader, as a joining machine receives it (`live.py`)."""
+        return self._live.as_dict()
+
+    def heal_live_position(self, position: dict[str, Any]) -> None:
+        """A live peer's position (`live_position`): this loader's pass continues from it at the next step."""
+        self._healed = dict(position)
 
     def _saved_position(self) -> tuple[int, int | None]:
         """(position, its unit in samples): in an elastic training pass, the micro-batches of the pass before the

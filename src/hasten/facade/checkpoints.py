@@ -131,6 +131,13 @@ class CheckpointPart:
             from .elastic import join_elastic_run
 
             join_elastic_run(self._elastic, self._boundary_watch, self.project_configuration.project_dir)
+            from ..process.launch_spec import LaunchSpec
+
+            live = LaunchSpec.current().live_settings()
+            if live is not None:  # survivors keep training in memory (facade/live.py)
+                from .live import start_live
+
+                start_live(self, self._elastic, live)
 
     def _process_facts(self) -> ProcessFacts:
         from ..checkpointing.saveset import ProcessFacts  # the checkpoint layer's types: loaded at the first save

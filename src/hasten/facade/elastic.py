@@ -86,6 +86,7 @@ class ElasticRun:
     # the last training forward of each model that gets fillers: model id -> (model, args, kwargs)
     _forwards: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = field(default_factory=dict, repr=False)
     _models: list[Any] = field(default_factory=list, repr=False)  # weak references to the trained models
+    live: Any = None  # a live run's `LiveStep` (facade/live.py): the group and rank come from each step's quorum
 
     @property
     def layout(self) -> ElasticLayout:
@@ -135,6 +136,8 @@ class ElasticRun:
         divisor = self.layout.divisor
         if not (self.short_by and state.sync_gradients):
             strategy.backward(loss, divisor, **kwargs)
+            if self.live is not None and state.sync_gradients:  # the step's one all-reduce across machines
+                self.live.reduce()
             return
         state.sync_gradients = False  # the filler's backward synchronises, not this one (an engine reads the flag)
         try:

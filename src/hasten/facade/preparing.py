@@ -260,6 +260,8 @@ class PreparePart:
         for optimizer, inner in zip(optimizers, stepped):
             prepared_optimizer = AcceleratedOptimizer(inner, gradient_state=self.gradient_state, strategy=strategy)
             self._optimizers.append(prepared_optimizer)
+            if self._elastic is not None and self._elastic.live is not None:  # a live run steps on commit only
+                prepared_optimizer.commit_gate = self._elastic.live.commit
             self._remember(optimizer, prepared_optimizer)
             _mark_prepared(prepared_optimizer)
             prepared_optimizers.append(prepared_optimizer)

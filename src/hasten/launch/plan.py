@@ -22,6 +22,7 @@ from .config import DEFAULT_LIVENESS_TIMEOUT, ConfigError, check_layout
 from ..core.errors import LaunchError
 from ..process.launch_spec import AS_ACCELERATE_ENV, HEARTBEAT_DIR_ENV, MACHINE_ENV, LaunchSpec
 from .elastic import elastic_spec, elastic_torchrun_argv
+from .live import describe_live, live_problem
 from .network import interface_for_address, is_loopback
 
 __all__ = ["LaunchPlan", "LaunchError", "find_free_port", "port_in_use", "available_cpus"]
@@ -106,6 +107,8 @@ class LaunchPlan:
     log_dir: str | None = None  # each attempt's per-rank logs and error files are kept in a folder under it
     role: str = "default"
     no_python: bool = False  # run the target as an executable, without hasten's worker around it
+    # `--elastic_recovery live`: survivors keep training in memory (launch/live.py: a lighthouse, local launches)
+    live: bool = False
 
     # -- derived ------------------------------------------------------------------
     @property
@@ -182,6 +185,8 @@ class LaunchPlan:
             raise LaunchError(f"the mpirun hostfile {self.mpirun_hostfile!r} does not exist.")
         if self.gpu_ids != "all" and not all(part.strip().isdigit() for part in self.gpu_ids.split(",")):
             raise LaunchError(f"--gpu_ids {self.gpu_ids!r} must be 'all' or GPU numbers like 0,1.")
+        if self.live and (problem := live_problem(self)):
+            raise LaunchError(problem)
         if self.elastic and self.spec.elastic is None:
             return replace(self, spec=replace(self.spec, elastic=elastic_spec(self))).validate(check_port)
         port = self.main_process_port
@@ -314,6 +319,8 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """The exact command and launch spec, for --dry_run and logs."""
+        if self.live:
+            return describe_live(self)
         env = self.worker_env({})
         shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
         return f"{shown} {shlex.join(self.command())}"

@@ -127,6 +127,10 @@ def launch(plan: LaunchPlan) -> Outcome:
         in this process
         0
     """
+    if plan.live:  # machine 0's lighthouse here, then this machine's one process as a local launch
+        from .live import run_live
+
+        return run_live(plan, launch)
     if plan.function is not None and plan.mode == "single":
         return _call_here(plan.function, plan.function_args, plan.spec)
     with _patched_environ(plan.worker_env()), _restored_signal_handlers():

@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 if TYPE_CHECKING:
     from .elastic import ElasticSizes
 
 
-__all__ = ["LaunchSpec", "SPEC_ENV_VAR", "MACHINE_ENV", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
+__all__ = ["LaunchSpec", "LiveSettings", "SPEC_ENV_VAR", "MACHINE_ENV", "BOARD_DIR_ENV", "PROGRESS_FILE_ENV", "PREEMPTION_RECORD_ENV",
            "HEARTBEAT_DIR_ENV", "DEBUG_ENV", "WATCHDOG_ENV", "CPU_FP16_ENV", "LOG_LEVEL_ENV", "PEER_LOG_LEVEL_ENV",
            "INIT_INCLUDE_BUFFERS_ENV", "PEER_INIT_INCLUDE_BUFFERS_ENV", "CONFIG_FILE_ENV", "NO_ARROW_MENU_ENV", "AS_ACCELERATE_ENV",
            "PEER_TORCH_DEVICE_ENV", "torch_device_from_env",
@@ -255,6 +255,15 @@ def parallelism_settings(config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+class LiveSettings(NamedTuple):
+    """A live run's contract (`LaunchSpec.live`): the lighthouse's address, this machine's rank, the machines a step
+    needs."""
+
+    lighthouse: str
+    replica: int
+    min_replicas: int = 1
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What `hasten launch` decided, as seen by each process.
@@ -283,6 +292,9 @@ class LaunchSpec:
     # `--num_machines MIN:MAX`: {"min_processes", "max_processes", "processes_per_machine"} (`elastic_sizes`); the
     # process group's timeout is not shortened (hasten.launch.peer_watch finds a lost machine from signs of life)
     elastic: dict | None = None
+    # live recovery (opt-in, with `elastic`): {"lighthouse": "host:port", "replica": this machine's rank,
+    # "min_replicas": machines a step needs}; survivors keep training in memory (`hasten.process.live`, `live_settings`)
+    live: dict | None = None
 
     def __post_init__(self) -> None:
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION_CHOICES:
@@ -308,6 +320,18 @@ class LaunchSpec:
 
         return ElasticSizes(**{key: self.elastic[key] for key in ("min_processes", "max_processes",
                                                                    "processes_per_machine") if key in self.elastic})
+
+    def live_settings(self) -> LiveSettings | None:
+        """Where this machine finds the live group (None: not a live run; a restart recovers instead).
+
+        Example:
+            >>> LaunchSpec(live={"lighthouse": "main:29510", "replica": 1}).live_settings()
+            LiveSettings(lighthouse='main:29510', replica=1, min_replicas=1)
+        """
+        if not self.live:
+            return None
+        return LiveSettings(str(self.live["lighthouse"]), int(self.live.get("replica", 0)),
+                            int(self.live.get("min_replicas", 1)))
 
     def peer_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables Accelerate's launcher exports, with the same meaning, derived from this spec (the one place).

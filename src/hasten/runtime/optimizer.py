@@ -90,6 +90,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._zero_grad = strategy.zero_grad
         self._is_overflow = False  # Accelerate's name for it: libraries and its tests set and read it
         self._accelerate_step_called = False  # set by `patch_optimizer_step`'s wrapper, as Accelerate's
+        # a live run's gate (`hasten.facade.live.LiveStep.commit`): False skips the step, which is dealt again
+        self.commit_gate: Callable[[], bool] | None = None
 
     def _switch_parameters(self, parameters_map: dict[Any, Any]) -> None:
         """Point every param group at the replacements `parameters_map` names (old parameter -> new one)."""
@@ -161,6 +163,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         if not self.gradient_state.sync_gradients:
             self._is_overflow = False
+            return None
+        if self.commit_gate is not None and not self.commit_gate():
+            self._zero_grad(self.optimizer, True)  # this attempt's gradients are dropped; the loader deals it again
+            self.gradient_state.sync_gradients = False  # no step: the scheduler and `if sync_gradients:` skip it
+            self._is_overflow = True
             return None
         result, self._is_overflow = self._step(self.optimizer, closure)
         self.gradient_state.optimizer_steps += 1

@@ -1,0 +1,223 @@
+"""The worker's side of live recovery (phase 1: DDP, one process per machine): the step rule over torchft's quorums.
+
+When the launch spec has a ``live`` field (`hasten.process.launch_spec.LiveSettings`), `Accelerator()` attaches a
+`LiveStep` to its `ElasticRun`, and the user's unchanged loop trains like this:
+
+- the prepared loader asks `begin_step()` before each step's first micro-batch: the quorum gives P and this
+  process's rank, so `ElasticRun.layout` deals the step's M micro-batches over the machines there are now;
+- `accelerator.backward` at the step's synchronising micro-batch averages the gradients over the quorum
+  (`LiveReducer`: no torch DDP across machines; a failure is recorded, not raised);
+- the prepared optimizer's `step()` steps only if `commit()` is True; otherwise the gradients are zeroed, the
+  scheduler does not step, ``sync_gradients`` is False, and the loader deals the *same* step again at the new P
+  before it yields anything else: every sample of a committed step is trained once, no optimizer step twice;
+- a machine that joins receives the models, optimizers, schedulers, step count and loader position from a live
+  peer inside its first `begin_step()` (nothing is read from disk);
+- SIGTERM or SIGUSR1 (a spot notice, a drained node, a stopped launcher) is a graceful leave: the step in progress
+  finishes with everyone, and at the next step boundary this machine leaves the group instead of asking for a quorum
+  (`LeftLiveRun`, exit code `EXIT_PREEMPTED`); the others' next quorum is formed without it once its heartbeat
+  stops, with no step attempt failed and nothing saved (they hold the state).
+
+Example:
+    >>> from hasten.process.elastic import ElasticSizes
+    >>> from hasten.facade.elastic import ElasticRun
+    >>> class Fake:                                    # a group whose step 0 fails once (see tests/test_live_units.py)
+    ...     def __init__(self): self.calls = 0
+    ...     def register_state(self, save, load): pass
+    ...     def begin_step(self):
+    ...         from hasten.process.live import LiveQuorum
+    ...         return LiveQuorum(step=0, replicas=1, replica_rank=0, quorum_id=self.calls)
+    ...     def commit(self): self.calls += 1; return self.calls > 1
+    >>> run = ElasticRun(ElasticSizes(1, 2, 1), accumulation=1, world=1)
+    >>> live = LiveStep(run, Fake()); _ = live.begin_step()
+    >>> live.commit(), live.redo, run.layout.own()
+    (False, True, 2)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..checkpointing.preemption import PREEMPTION_SIGNALS, RECORD_ENV, Preempted
+from ..process.launch_spec import MACHINE_ENV
+from ..process.live import LiveQuorum, LiveReducer, live_line
+
+if TYPE_CHECKING:
+    from .elastic import ElasticRun
+
+__all__ = ["LiveStep", "LeftLiveRun", "start_live"]
+
+
+class LeftLiveRun(Preempted):
+    """Raised at a step boundary of a live run after SIGTERM/SIGUSR1: this machine left, the others go on in memory.
+
+    It ends the process like a preemption (quiet, exit code `EXIT_PREEMPTED`), but nothing was saved: the machines
+    left hold the state, and a machine that starts its command again heals from them.
+
+    Example:
+        >>> stop = LeftLiveRun("SIGTERM", optimizer_steps=12, machine="vm/1")
+        >>> stop.code, stop.describe()
+        (75, 'vm/1 left the live run on SIGTERM after optimizer step 12; the other machines go on without a restart; start this command again to rejoin from a live peer')
+    """
+
+    def __init__(self, signal_name: str, optimizer_steps: int, machine: str) -> None:
+        super().__init__("", signal_name, epoch=0, batch=0)
+        self.optimizer_steps, self.machine = optimizer_steps, machine
+
+    def describe(self) -> str:
+        return (f"{self.machine} left the live run on {self.signal_name} after optimizer step {self.optimizer_steps}; "
+                "the other machines go on without a restart; start this command again to rejoin from a live peer")
+
+
+class LiveStep:
+    """One machine's live run: quorum per step, one all-reduce, commit-or-redo, and what a joiner receives.
+
+    `group` is a `hasten.process.live.LiveGroup` (or a stand-in with `begin_step`, `allreduce`, `commit`,
+    `register_state`); `owner` the Accelerator whose prepared objects are sent to joiners. See the module doc.
+    """
+
+    def __init__(self, run: ElasticRun, group: Any, owner: Any = None, say: Callable[[str], None] | None = None) -> None:
+        self.run = run
+        self.group = group
+        self._owner = weakref.ref(owner) if owner is not None else (lambda: None)
+        self.say = say if say is not None else (lambda line: print(line, flush=True))
+        self.quorum: LiveQuorum | None = None
+        self.redo = False  # the last step did not commit: the loader deals it again before anything else
+        self.attempts_failed = 0  # step attempts that did not commit (each dealt again)
+        self._decided: bool | None = None  # this step's commit decision (asked once per step, whatever the optimizers)
+        self._failed_since: float | None = None
+        self._redone = 0
+        self._reducer: LiveReducer | None = None
+        self.loaders: list[Any] = []  # the prepared loaders that deal live steps (their positions go to joiners)
+        self.leaving: int | None = None  # SIGTERM/SIGUSR1 received: leave at the next step boundary
+        self._previous: dict[int, Any] = {}
+        group.register_state(self.save, self.load)
+
+    # -- a graceful leave ------------------------------------------------------------------------
+    def watch_signals(self) -> None:
+        """SIGTERM / SIGUSR1 mean "leave at the next step boundary" (main thread only: Python's rule for handlers)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in PREEMPTION_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.quorum is None:  # not in the group yet: nobody waits for this machine, stop as without hasten
+            self.release_signals()
+            os.kill(os.getpid(), signum)
+            return
+        self.leaving = signum
+
+    def release_signals(self) -> None:
+        """Give SIGTERM / SIGUSR1 back to their previous handlers."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _leave(self) -> None:
+        owner = self._owner()
+        steps = int(owner.gradient_state.optimizer_steps) if owner is not None else 0
+        stop = LeftLiveRun(signal.Signals(self.leaving).name, steps, os.environ.get(MACHINE_ENV, "this machine"))
+        self.release_signals()
+        self.group.close()  # its heartbeat stops: the next quorum forms without it
+        record = os.environ.get(RECORD_ENV)
+        if record:  # the launcher says the line and exits with EXIT_PREEMPTED
+            Path(record).write_text(json.dumps({"message": stop.describe(), "checkpoint": ""}))
+        else:
+            self.say(f"hasten: {stop.describe()}.")
+        raise stop
+
+    # -- the step --------------------------------------------------------------------------------
+    def begin_step(self) -> LiveQuorum:
+        """The loader's step boundary: this step's quorum sets the group size and rank (a joiner is healed inside)."""
+        if self.leaving is not None:  # (before asking: a member of the quorum that then left would fail its step)
+            self._leave()
+        quorum = self.group.begin_step()
+        self.run.world, self.run.rank = quorum.processes(), quorum.rank()
+        seconds = time.monotonic() - self._failed_since if self._failed_since is not None else None
+        line = live_line(self.quorum, quorum, seconds, self._redone)
+        if line is not None and (quorum.healed or (self.quorum is not None and quorum.replicas != self.quorum.replicas)):
+            self.say(line)
+            self._redone = 0
+        self.quorum, self._decided, self._failed_since = quorum, None, None
+        return quorum
+
+    def reduce(self) -> bool:
+        """At the step's synchronising backward: average the gradients of the prepared models over the quorum."""
+        if self._reducer is None:
+            owner = self._owner()
+            models = list(owner._models) if owner is not None else []
+            self._reducer = LiveReducer([p for m in models for p in m.parameters()], self.group)
+        return self._reducer.reduce()
+
+    def commit(self) -> bool:
+        """The prepared optimizer's gate: True steps it; False skips it and marks the step for dealing again."""
+        if self._decided is None:
+            self._decided = bool(self.group.commit())
+            if not self._decided:
+                self.redo = True
+                self.attempts_failed += 1
+                self._redone += 1
+                self._failed_since = time.monotonic()
+        return self._decided
+
+    # -- what a joiner receives ----------------------------------------------------------------
+    def save(self) -> dict[str, Any]:
+        """This machine's state at a step boundary: prepared models, optimizers, schedulers, step count, loaders."""
+        owner = self._owner()
+        if owner is None:
+            return {}
+        return {"models": [owner.strategy.unwrap_model(m).state_dict() for m in owner._models],
+                "optimizers": [opt.optimizer.state_dict() for opt in owner._optimizers],
+                "schedulers": [s.scheduler.state_dict() for s in owner._schedulers],
+                "optimizer_steps": int(owner.gradient_state.optimizer_steps),
+                "loaders": [loader.live_position() for loader in self.loaders]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Apply a live peer's state (inside this machine's first quorum): training continues where the peer is."""
+        owner = self._owner()
+        if owner is None or not state:
+            return
+        for model, saved in zip(owner._models, state["models"]):
+            owner.strategy.unwrap_model(model).load_state_dict(saved)
+        for opt, saved in zip(owner._optimizers, state["optimizers"]):
+            opt.optimizer.load_state_dict(saved)
+        for sched, saved in zip(owner._schedulers, state["schedulers"]):
+            sched.scheduler.load_state_dict(saved)
+        owner.gradient_state.optimizer_steps = int(state["optimizer_steps"])
+        for loader, saved in zip(self.loaders, state["loaders"]):
+            loader.heal_live_position(saved)
+
+    def attach(self, loader: Any) -> None:
+        """`loader` deals live steps (called when its first training pass starts)."""
+        if all(loader is not known for known in self.loaders):
+            self.loaders.append(loader)
+
+
+def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
+    """At `Accelerator()` in a live run: the live group (not started before the first step) and the step rule."""
+    import atexit
+
+    from ..process.live import LiveGroup
+
+    if owner.state.num_processes != 1:
+        raise ValueError("live recovery runs one process per machine in this version; launch with --num_processes 1 "
+                         "per machine, or without live recovery (checkpoint restarts).")
+    group = LiveGroup(settings.lighthouse, replica=settings.replica, min_replicas=settings.min_replicas,
+                      timeout=owner.state.timeout if getattr(owner.state, "timeout", None) else _default_timeout())
+    live = LiveStep(run, group, owner, say=lambda line: print(line, flush=True))
+    run.live = live
+    live.watch_signals()
+    atexit.register(group.close)
+    return live
+
+
+def _default_timeout() -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=30)

@@ -1,0 +1,153 @@
+"""The launcher's side of live recovery (`hasten launch --num_machines MIN:MAX --elastic_recovery live`).
+
+With live recovery a lost machine costs the others no restart: they keep training in memory, and a machine that
+starts its command again heals from a live peer (`hasten.process.live` is the worker's side, docs/design/
+live-recovery.md the design). Membership is torchft's lighthouse, not torch's c10d rendezvous:
+
+- the machine with ``--machine_rank 0`` runs the lighthouse in its launcher process, bound where the rendezvous store
+  would be (``--main_process_ip``:``--main_process_port``), so it outlives any worker of that machine;
+- every machine runs its one process as a *local*, non-elastic launch (`local_plan`: its own store on loopback,
+  ``--max_restarts`` restarts of a process that dies here, which then heals from a peer); the launch spec carries
+  the elastic sizes and ``live`` (lighthouse address, this machine's rank, MIN machines), so the worker takes the
+  live path.
+
+Phase 1 refuses, in one sentence each (`live_problem`), what it cannot do yet: several processes per machine,
+DeepSpeed, FSDP, mpirun.
+
+Example:
+    >>> from hasten.launch.plan import LaunchPlan
+    >>> plan = LaunchPlan(target="t.py", num_processes=2, num_machines=2, min_machines=1, machine_rank=1,
+    ...                   main_process_ip="10.0.0.1", main_process_port=29500, live=True)
+    >>> lighthouse_address(plan)
+    'http://10.0.0.1:29500'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+from importlib.util import find_spec
+from typing import Any, Callable, Iterator
+
+from ..process.launch_spec import MACHINE_ENV
+from .elastic import elastic_spec
+from .network import interface_for_address, is_loopback
+
+# (`plan` below is a `launch.plan.LaunchPlan`, which imports this module: typed loosely to keep imports one-way)
+
+__all__ = ["RECOVERY_CHOICES", "FLAG", "live_problem", "lighthouse_address", "local_plan", "lighthouse", "run_live"]
+
+RECOVERY_CHOICES = ("restart", "live")
+FLAG = "--elastic_recovery live"
+HEARTBEAT_TIMEOUT_MS = 1000  # a killed machine is out of the quorum this long after its last heartbeat (beats: 100 ms)
+QUORUM_TICK_MS = 100
+JOIN_TIMEOUT_MS = 2000  # how long a quorum waits for a machine that heartbeats but has not asked to join yet
+
+
+def live_problem(plan: Any) -> str | None:
+    """The one sentence that refuses a live plan phase 1 cannot run, or None.
+
+    Example:
+        >>> from hasten.launch.plan import LaunchPlan
+        >>> live_problem(LaunchPlan(target="t.py", num_processes=4, num_machines=2, min_machines=1,
+        ...                         main_process_ip="h", live=True))  # doctest: +ELLIPSIS
+        '--elastic_recovery live runs one process per machine in this version, but this launch has 2 per machine; ...'
+    """
+    if not plan.elastic:
+        return f"{FLAG} recovers an elastic run: give --num_machines MIN:MAX (such as 1:2), or drop {FLAG}."
+    if plan.processes_per_machine > 1:
+        return (f"{FLAG} runs one process per machine in this version, but this launch has "
+                f"{plan.processes_per_machine} per machine; give --num_processes equal to the MAX machines, or use "
+                "--elastic_recovery restart.")
+    for engine, flag in (("deepspeed", "--use_deepspeed"), ("fsdp", "--use_fsdp")):
+        if getattr(plan.spec, engine) is not None:
+            return (f"{FLAG} does not run {'DeepSpeed' if engine == 'deepspeed' else 'FSDP'} in this version; drop "
+                    f"{flag}, or use --elastic_recovery restart.")
+    if plan.mpirun:
+        return f"{FLAG} starts each machine's process with torch's agent, not mpirun; drop --mpirun."
+    if find_spec("torchft") is None:
+        return (f"{FLAG} needs torchft (membership and healing): pip install torchft, or use "
+                "--elastic_recovery restart (checkpoint restarts).")
+    return None
+
+
+def lighthouse_address(plan: Any) -> str:
+    """Where every machine's process finds the lighthouse: the address and port the run names."""
+    host = plan.master_addr
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{host}:{plan.main_process_port}"
+
+
+def local_plan(plan: Any) -> Any:
+    """This machine's part of a live plan: one process, a local non-elastic launch that takes the live path.
+
+    Example:
+        >>> from hasten.launch.plan import LaunchPlan
+        >>> plan = LaunchPlan(target="t.py", num_processes=2, num_machines=2, min_machines=1, machine_rank=1,
+        ...                   main_process_ip="127.0.0.1", main_process_port=29500, live=True)
+        >>> local = local_plan(plan)
+        >>> local.mode, local.num_machines, local.spec.live["replica"], local.spec.elastic["max_processes"]
+        ('torchrun', 1, 1, 2)
+    """
+    live = {"lighthouse": lighthouse_address(plan), "replica": int(plan.machine_rank),
+            "min_replicas": int(plan.min_machines or plan.num_machines)}
+    spec = dataclasses.replace(plan.spec, elastic=plan.spec.elastic or elastic_spec(plan), live=live)
+    env = dict(plan.extra_env)
+    env[MACHINE_ENV] = f"{socket.gethostname()}/{plan.machine_rank}"  # who left or joined, in the live lines
+    if "RUST_LOG" not in os.environ:
+        env.setdefault("RUST_LOG", "warn")  # torchft's Rust INFO lines, one per quorum, otherwise
+    if plan.network_interface is None and not is_loopback(plan.master_addr):
+        # the live group's gloo connections go to the other machines: advertise the interface that reaches them
+        # (the environment's choice wins over a detected one; an explicit --network_interface is kept by the plan)
+        interface = interface_for_address(plan.master_addr)
+        if interface:
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                if name not in os.environ:
+                    env.setdefault(name, interface)
+    return dataclasses.replace(
+        plan, live=False, num_processes=1, num_machines=1, min_machines=None, machine_rank=0,
+        main_process_ip="127.0.0.1", main_process_port=None, rdzv_backend="static", rdzv_conf=None, rdzv_id=None,
+        rdzv_endpoint=None, through_torchrun=True, spec=spec, extra_env=env,
+    ).validate(check_script=False)
+
+
+@contextlib.contextmanager
+def lighthouse(plan: Any) -> Iterator[Any]:
+    """The lighthouse of a live run, in this launcher for as long as the block runs (machine 0 only; else None)."""
+    if plan.machine_rank != 0:
+        yield None
+        return
+    added = "RUST_LOG" not in os.environ
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side: its INFO lines, one per quorum, otherwise
+    try:
+        from torchft.coordination import LighthouseServer
+
+        host = plan.master_addr
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        server = LighthouseServer(bind=f"{host}:{plan.main_process_port}",
+                                  min_replicas=int(plan.min_machines or plan.num_machines),
+                                  join_timeout_ms=JOIN_TIMEOUT_MS, quorum_tick_ms=QUORUM_TICK_MS,
+                                  heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+        try:
+            yield server
+        finally:
+            server.shutdown()
+    finally:
+        if added:  # this process's environment is put back, as after any launch
+            os.environ.pop("RUST_LOG", None)
+
+
+def run_live(plan: Any, launch: Callable[[Any], Any]) -> Any:
+    """Carry out a live plan with `launch` (`launch.run.launch`): the lighthouse here on machine 0, then this
+    machine's local launch."""
+    with lighthouse(plan):  # (first: the local launch's free port is then never the lighthouse's)
+        return launch(local_plan(plan))
+
+
+def describe_live(plan: Any) -> str:
+    """What `--dry_run` prints for a live plan: the lighthouse (machine 0), then this machine's local command."""
+    local = local_plan(plan)
+    where = "runs the lighthouse at" if plan.machine_rank == 0 else "finds the lighthouse at"
+    return f"# live recovery: this machine {where} {lighthouse_address(plan)}\n{local.describe()}"

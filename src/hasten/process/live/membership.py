@@ -1,0 +1,154 @@
+"""Who trains each optimizer step of a live run: torchft's per-step quorum, and healing a joiner from a live peer.
+
+The only module that imports torchft (lazily, on the first step; without it, one sentence says how to install it).
+`LiveGroup` wraps one `torchft.Manager` per machine (one process per machine in phase 1: the machine's replica group is
+this process, with a store of its own), synchronous quorums (``use_async_quorum=False``: the step's size and, for a
+joiner, the peer's state are known when `begin_step` returns), a reconfigurable gloo group and state sent over it
+(`PGTransport`). Collective failures are recorded and reported as False, never raised.
+
+Example:
+    >>> group = LiveGroup("localhost:29510", replica=1)     # nothing is started before the first step
+    >>> group.replica_id, group.started
+    ('00001', False)
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Callable
+
+from .layout import LiveQuorum
+
+__all__ = ["LiveGroup", "LiveUnavailable", "torchft_hint"]
+
+
+class LiveUnavailable(RuntimeError):
+    """torchft, which a live run needs, is not importable (one sentence with the fix)."""
+
+
+def torchft_hint() -> str:
+    """The sentence said when torchft is missing.
+
+    Example:
+        >>> "pip install torchft" in torchft_hint()
+        True
+    """
+    return ("live elastic recovery needs torchft (membership and healing): pip install torchft, or launch without "
+            "live recovery (checkpoint restarts).")
+
+
+def _torchft() -> Any:
+    try:
+        import torchft
+        from torchft.checkpointing.pg_transport import PGTransport  # noqa: F401  (imported here: a bad install fails now)
+    except ImportError as err:
+        raise LiveUnavailable(torchft_hint()) from err
+    return torchft
+
+
+class LiveGroup:
+    """This machine in a live run: `begin_step()` -> the step's `LiveQuorum`, `allreduce(flat)` -> bool, `commit()`
+    -> bool (every member of my group succeeded: step the optimizer), `register_state(save, load)` (what a joiner
+    receives), `close()`.
+
+    `replica` is the machine's rank (zero-padded, so machine 0 sorts first in torchft's quorum order);
+    `min_replicas` the machines a step needs; `timeout` bounds the collectives (busy is not dead: keep it long, a lost
+    peer shows as a closed connection at once).
+
+    Example:
+        >>> group = LiveGroup("localhost:29510", replica=0, min_replicas=1)
+        >>> group.register_state(lambda: {"w": 1}, lambda state: None); sorted(group._states)
+        ['hasten']
+    """
+
+    def __init__(self, lighthouse: str, replica: int = 0, min_replicas: int = 1,
+                 timeout: timedelta = timedelta(seconds=30), quorum_timeout: timedelta = timedelta(seconds=120)) -> None:
+        self.lighthouse = lighthouse
+        self.replica_id = f"{int(replica):05d}"
+        self.min_replicas = int(min_replicas)
+        self.timeout = timeout
+        self.quorum_timeout = quorum_timeout
+        self._states: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+        self._manager: Any = None
+        self._store: Any = None
+        self._healed = False
+        self.error: BaseException | None = None  # the last failure recorded (allreduce or commit)
+
+    @property
+    def started(self) -> bool:
+        """Has this machine joined the live group (its manager heartbeats the lighthouse)?"""
+        return self._manager is not None
+
+    def register_state(self, save: Callable[[], Any], load: Callable[[Any], None], key: str = "hasten") -> None:
+        """`save()` gives what a joiner needs (tensors in nested dicts), `load(state)` applies a received one."""
+        self._states[key] = (save, load)
+
+    def _start(self) -> Any:
+        torchft = _torchft()
+        import torch.distributed as dist
+        from torchft.checkpointing.pg_transport import PGTransport
+
+        os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust INFO lines would fill the terminal
+        # one process per machine: the replica group is this process alone, with a store of its own
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        pg = torchft.ProcessGroupGloo(timeout=self.timeout)
+        manager = torchft.Manager(
+            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=self.min_replicas,
+            use_async_quorum=False, timeout=self.timeout, quorum_timeout=self.quorum_timeout,
+            rank=0, world_size=1, store_addr="127.0.0.1", store_port=self._store.port,
+            lighthouse_addr=self.lighthouse, replica_id=self.replica_id,
+            checkpoint_transport=PGTransport(pg, timeout=self.timeout, device=torch_cpu()))
+        for key, (save, load) in self._states.items():
+            manager.register_state_dict_fn(key, self._loader(load), save)
+        self._manager = manager
+        return manager
+
+    def _loader(self, load: Callable[[Any], None]) -> Callable[[Any], None]:
+        def apply(state: Any) -> None:
+            load(state)
+            self._healed = True
+        return apply
+
+    def begin_step(self) -> LiveQuorum:
+        """The quorum of the step about to start (blocks until the lighthouse forms it; a joiner is healed inside)."""
+        manager = self._manager if self._manager is not None else self._start()
+        self._healed = False
+        manager.start_quorum()
+        return LiveQuorum(step=int(manager.current_step()), replicas=int(manager.num_participants()),
+                          replica_rank=int(manager.participating_rank() or 0), quorum_id=int(manager._quorum_id),
+                          healed=self._healed)
+
+    def allreduce(self, flat: Any) -> bool:
+        """Average `flat` in place over the step's quorum; False (recorded, not raised) when it failed."""
+        manager = self._manager
+        try:
+            manager.allreduce(flat).wait()
+        except Exception as err:  # torchft records errors itself; anything else is recorded here
+            self.error = err
+            manager.report_error(err)
+            return False
+        failure = manager.errored()
+        if failure is not None:
+            self.error = getattr(failure, "original_exception", None) or RuntimeError(str(failure))
+        return failure is None
+
+    def commit(self) -> bool:
+        """Did every member of this machine's group finish the step (step the optimizer)? False: deal it again."""
+        try:
+            return bool(self._manager.should_commit())
+        except Exception as err:  # an RPC lost with a peer: the step does not commit
+            self.error = err
+            return False
+
+    def close(self) -> None:
+        """Leave the group (the lighthouse forgets this machine when its heartbeat stops)."""
+        if self._manager is not None:
+            self._manager.shutdown(wait=False)
+            self._manager = None
+
+
+def torch_cpu() -> Any:
+    import torch
+
+    return torch.device("cpu")

@@ -1,0 +1,57 @@
+"""A live run's training script, written the Accelerate way (tests/test_live.py starts it as each "machine").
+
+Nothing in the loop is live-specific: the launch spec (HASTEN_LAUNCH_SPEC) makes the run elastic (MAX 2) and live.
+Prints one line per step attempt: ``STEP <time> <pid> <optimizer steps> <committed 0/1> <P> <sample ids>``; at the
+end ``DONE <optimizer steps> <lr>``, and saves the flat parameters to $OUT/final_<pid>.pt. STEP_SLEEP pauses before
+each step's synchronising backward (where the test's kill lands: inside a step).
+"""
+
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Accelerator
+from hasten.utils import set_seed
+
+OUT = os.environ["OUT"]
+SLEEP = float(os.environ.get("STEP_SLEEP", "0"))
+print(f"START {time.time():.3f} {os.getpid()}", flush=True)
+
+set_seed(0)
+accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.05 * s))
+generator = torch.Generator().manual_seed(1)
+N = int(os.environ.get("SAMPLES", "2048"))
+data = TensorDataset(torch.arange(N), torch.randn(N, 16, generator=generator), torch.randn(N, 1, generator=generator))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+
+pending = []
+for ids, x, y in loader:
+    with accelerator.accumulate(model):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if accelerator.sync_gradients and SLEEP:
+            time.sleep(SLEEP)  # (the test's pause: its kill lands inside a step)
+        accelerator.backward(loss)
+        pending += ids.tolist()
+        sync = accelerator.sync_gradients
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    if sync:
+        committed = int(accelerator.sync_gradients)
+        processes = accelerator._elastic.world
+        print(f"STEP {time.time():.3f} {os.getpid()} {accelerator.gradient_state.optimizer_steps} {committed} "
+              f"{processes} {','.join(map(str, pending))}", flush=True)
+        pending = []
+
+flat = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()])
+torch.save(flat, os.path.join(OUT, f"final_{os.getpid()}.pt"))
+print(f"DONE {accelerator.gradient_state.optimizer_steps} {scheduler.get_last_lr()[0]:.8f}", flush=True)
+sys.stdout.flush()
+os._exit(0)  # (torchft's manager threads need not be waited for; the lighthouse forgets this machine)

@@ -1,0 +1,262 @@
+"""Live recovery end to end (phase 1: DDP, one process per machine): two "machines" (two processes of
+tests/scripts/live_train.py, each its own one-process group) train one run under torchft's lighthouse; machine 1 is
+SIGKILLed inside a step and started again (through `hasten launch`: first stopped with SIGTERM, a graceful leave at the
+next step boundary, then SIGKILLed). The survivor never restarts, commits again within seconds, no optimizer step is
+trained twice, every sample once, and both end at the parameters of an uninterrupted run at the same global batch
+(MAX 2)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hasten.process.launch_spec import SPEC_ENV_VAR, LaunchSpec
+
+SCRIPT = Path(__file__).parent / "scripts" / "live_train.py"
+SRC = Path(__file__).resolve().parents[1] / "src"
+SAMPLES = "4096"  # 128 optimizer steps of 4 micro-batches of 8: room for a stop, a return, a kill, a return
+ELASTIC = {"min_processes": 1, "max_processes": 2, "processes_per_machine": 1}
+
+
+def _env(out: Path, spec: LaunchSpec, **extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, "OUT": str(out), SPEC_ENV_VAR: spec.to_env()[SPEC_ENV_VAR],
+            "RUST_LOG": "warn", "SAMPLES": SAMPLES, **extra}
+
+
+def _start(out: Path, name: str, spec: LaunchSpec, **extra: str) -> tuple[subprocess.Popen, Path]:
+    log = out / f"{name}.log"
+    process = subprocess.Popen([sys.executable, str(SCRIPT)], env=_env(out, spec, **extra), stdout=log.open("w"),
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    return process, log
+
+
+def _steps(log: Path) -> list[tuple[float, int, int, bool, int, list[int]]]:
+    """(time, pid, optimizer steps, committed, P, sample ids) per step attempt."""
+    rows = []
+    for line in log.read_text().splitlines():
+        if line.startswith("STEP "):
+            _, t, pid, steps, committed, processes, ids = line.split(" ")
+            rows.append((float(t), int(pid), int(steps), committed == "1", int(processes), list(map(int, ids.split(",")))))
+    return rows
+
+
+def _wait(condition, timeout: float, what: str, logs: list[Path]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs if log.exists())
+            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{tails}")
+        time.sleep(0.05)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run: one process dealing all M = 2 x 2 micro-batches of each step (no live group); its
+    samples per committed optimizer step and its final parameters."""
+    os.environ.setdefault("RUST_LOG", "warn")  # before torchft is imported: the in-process lighthouse's INFO lines
+    pytest.importorskip("torchft")
+    ref_dir = tmp_path_factory.mktemp("ref")
+    reference, ref_log = _start(ref_dir, "ref", LaunchSpec(elastic=ELASTIC))
+    try:
+        assert reference.wait(timeout=120) == 0, ref_log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(reference.pid, signal.SIGKILL)
+    ref_steps = {steps: sorted(ids) for _, _, steps, committed, _, ids in _steps(ref_log) if committed}
+    return ref_steps, torch.load(next(ref_dir.glob("final_*.pt")))
+
+
+@pytest.mark.timeout(300)
+def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, uninterrupted):
+    os.environ.setdefault("RUST_LOG", "warn")  # (the in-process lighthouse's INFO lines, one per quorum, otherwise)
+    pytest.importorskip("torchft")
+    from torchft.coordination import LighthouseServer
+
+    processes: list[subprocess.Popen] = []
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, quorum_tick_ms=100,
+                                  heartbeat_timeout_ms=1000)
+    try:
+        ref_steps, ref_final = uninterrupted
+        live = lambda replica: LaunchSpec(elastic=ELASTIC, live={"lighthouse": lighthouse.address(),  # noqa: E731
+                                                                 "replica": replica, "min_replicas": 1})
+        survivor, log0 = _start(tmp_path, "machine0", live(0), STEP_SLEEP="0.1")
+        victim, log1 = _start(tmp_path, "machine1", live(1), STEP_SLEEP="0.1")
+        processes += [survivor, victim]
+        _wait(lambda: any(s >= 10 and p == 2 for _, _, s, c, p, _ in _steps(log1) if c), 120,
+              "machine 1 to commit step 10 in a group of 2", [log0, log1])
+        time.sleep(0.05)  # into the next step (its pause before the synchronising backward is 0.1 s)
+        os.killpg(victim.pid, signal.SIGKILL)
+        killed_at = time.time()
+        victim.wait()
+        time.sleep(2.0)
+        joiner, log1b = _start(tmp_path, "machine1-again", live(1), STEP_SLEEP="0.1")
+        restarted_at = time.time()
+        processes.append(joiner)
+        _wait(lambda: "DONE" in log0.read_text() and "DONE" in log1b.read_text(), 180, "both machines to finish",
+              [log0, log1, log1b])
+        assert survivor.wait(timeout=30) == 0 and joiner.wait(timeout=30) == 0
+
+        rows0, rows1, rows1b = _steps(log0), _steps(log1), _steps(log1b)
+        # the survivor is the process it was: one start, one pid in all its lines
+        assert log0.read_text().count("START ") == 1 and {pid for _, pid, *_ in rows0} == {survivor.pid}
+        after = [t for t, _, _, c, _, _ in rows0 if c and t > killed_at]
+        recovery = after[0] - killed_at
+        failed = [s for t, _, s, c, _, _ in rows0 if not c]
+        joined = [t for t, _, _, c, p, _ in rows1b if c and p == 2]
+        # per committed step: every process's samples together are the uninterrupted run's, none twice
+        by_step: dict[int, list[int]] = {}
+        for rows in (rows0, rows1, rows1b):
+            seen = [s for _, _, s, c, _, _ in rows if c]
+            assert len(seen) == len(set(seen)), "a process committed one optimizer step twice"
+            for _, _, s, c, _, ids in rows:
+                if c:
+                    by_step.setdefault(s, []).extend(ids)
+        differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
+        finals = [torch.load(path) for path in sorted(tmp_path.glob("final_*.pt"))]
+        errors = [_relative(final, ref_final) for final in finals]
+        print(f"\nsurvivor: failed attempts after the kill {len(failed)} (steps {failed}); first committed step "
+              f"+{recovery:.2f} s after the kill; joiner: first step in a group of 2 "
+              f"+{(joined[0] - restarted_at) if joined else float('nan'):.2f} s after its start; committed steps "
+              f"{len(by_step)} of {len(ref_steps)}; steps whose samples differ: {differing}; final relative error "
+              f"{', '.join(f'{e:.2e}' for e in errors)}")
+        assert recovery <= 5.0
+        assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert len(finals) == 2 and max(errors) <= 1e-5
+        assert joined, "the restarted machine never trained in a group of 2"
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        lighthouse.shutdown()
+
+
+MARK = "HASTEN_TEST_LIVE_MACHINE"  # in the environment of every process of one "machine": what the kill looks for
+
+
+def _launch(out: Path, name: str, rank: int, port: int, mark: str, **extra: str) -> tuple[subprocess.Popen, Path]:
+    """`hasten launch --elastic_recovery live` of one machine of two (all on this host, loopback)."""
+    log = out / f"{name}.log"
+    env = _env(out, LaunchSpec(), **{MARK: mark, **extra})
+    env.pop(SPEC_ENV_VAR)  # the launcher makes the spec
+    command = [sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes", "2",
+               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+               "--elastic_recovery", "live", str(SCRIPT)]
+    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    return process, log
+
+
+def _kill_machine(mark: str) -> int:
+    """SIGKILL every process whose environment holds `MARK=mark` (the machine's launcher, agent and worker)."""
+    needle, killed = f"{MARK}={mark}".encode(), 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+    return killed
+
+
+def _committed_in_pair(log: Path, after: float = 0.0, count: int = 1) -> bool:
+    return len([t for t, _, _, c, p, _ in _steps(log) if c and p == 2 and t > after]) >= count
+
+
+@pytest.mark.timeout(400)
+def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_machine(tmp_path, uninterrupted):
+    """The same run through `hasten launch --num_machines 1:2 --elastic_recovery live`: machine 0's launcher holds the
+    lighthouse; machine 1's launcher gets SIGTERM inside a step (a graceful leave: it finishes the step, leaves at the
+    boundary, exits with 75), its command is started again, then its launcher and worker are SIGKILLed inside a step
+    and its command is started again."""
+    from hasten.launch.plan import find_free_port
+    from hasten.process.launch_spec import EXIT_PREEMPTED
+
+    ref_steps, ref_final = uninterrupted
+    port = find_free_port()
+    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
+    processes: list[subprocess.Popen] = []
+    try:
+        survivor, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], STEP_SLEEP="0.25")
+        victim, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], STEP_SLEEP="0.25")
+        processes += [survivor, victim]
+        _wait(lambda: any(s >= 10 and p == 2 for _, _, s, c, p, _ in _steps(log1) if c), 180,
+              "machine 1 to commit step 10 in a group of 2", [log0, log1])
+        time.sleep(0.05)  # into the next step (its pause before the synchronising backward is 0.25 s)
+        victim.send_signal(signal.SIGTERM)  # the launcher only, as a scheduler's stop does
+        stopped_at = time.time()
+        assert victim.wait(timeout=60) == EXIT_PREEMPTED, log1.read_text()[-3000:]
+        left_line = [line for line in log1.read_text().splitlines() if "left the live run on SIGTERM" in line]
+        time.sleep(1.0)
+        returned, log1b = _launch(tmp_path, "machine1-again", 1, port, marks[1], STEP_SLEEP="0.25")
+        returned_at = time.time()
+        processes.append(returned)
+        _wait(lambda: _committed_in_pair(log1b, count=3), 120, "machine 1 to train in a group of 2 again",
+              [log0, log1b])
+        time.sleep(0.05)
+        killed = _kill_machine(marks[1])
+        killed_at = time.time()
+        assert killed >= 2, "machine 1's launcher and worker were not found"  # (launcher+agent, worker, guardian)
+        returned.wait(timeout=30)
+        time.sleep(1.0)
+        joiner, log1c = _launch(tmp_path, "machine1-third", 1, port, marks[1], STEP_SLEEP="0.25")
+        restarted_at = time.time()
+        processes.append(joiner)
+        _wait(lambda: "DONE" in log0.read_text() and "DONE" in log1c.read_text(), 240, "both machines to finish",
+              [log0, log1b, log1c])
+        assert survivor.wait(timeout=60) == 0, log0.read_text()[-3000:]
+        assert joiner.wait(timeout=60) == 0, log1c.read_text()[-3000:]
+
+        rows0 = _steps(log0)
+        # the survivor's worker is the process it was: one start, one pid in all its lines
+        starts = [line.split() for line in log0.read_text().splitlines() if line.startswith("START ")]
+        assert len(starts) == 1 and {pid for _, pid, *_ in rows0} == {int(starts[0][2])}
+        committed0 = [t for t, _, _, c, _, _ in rows0 if c]
+        after_stop = next(t for t in committed0 if t > stopped_at) - stopped_at
+        after_kill = next(t for t in committed0 if t > killed_at) - killed_at
+        failed_stop = [s for t, _, s, c, _, _ in rows0 if not c and stopped_at < t < returned_at]
+        failed_kill = [s for t, _, s, c, _, _ in rows0 if not c and t > killed_at]
+        joined = [t - start for log, start in ((log1b, returned_at), (log1c, restarted_at))
+                  for t in [next((t for t, _, _, c, p, _ in _steps(log) if c and p == 2), float("nan"))]]
+        by_step: dict[int, list[int]] = {}
+        for log in (log0, log1, log1b, log1c):
+            seen = [s for _, _, s, c, _, _ in _steps(log) if c]
+            assert len(seen) == len(set(seen)), f"{log.name}: a process committed one optimizer step twice"
+            for _, _, s, c, _, ids in _steps(log):
+                if c:
+                    by_step.setdefault(s, []).extend(ids)
+        differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
+        trained = sorted(i for ids in by_step.values() for i in ids)
+        finals = [torch.load(path) for path in sorted(tmp_path.glob("final_*.pt"))]
+        errors = [_relative(final, ref_final) for final in finals]
+        print(f"\nhasten launch --elastic_recovery live: SIGTERM -> survivor's next commit +{after_stop:.2f} s, failed "
+              f"attempts {len(failed_stop)}; SIGKILL ({killed} processes) -> +{after_kill:.2f} s, failed attempts "
+              f"{len(failed_kill)} (steps {failed_kill}); machine 1 back in a group of 2 "
+              f"+{joined[0]:.2f} s / +{joined[1]:.2f} s after its command; committed steps {len(by_step)} of "
+              f"{len(ref_steps)}; steps whose samples differ: {differing}; samples trained {len(trained)} "
+              f"({len(set(trained))} distinct); final relative error {', '.join(f'{e:.2e}' for e in errors)}")
+        assert left_line, f"machine 1 did not say it left:\n{log1.read_text()[-3000:]}"
+        assert not failed_stop, "the graceful leave failed a step attempt of the survivor"
+        assert after_stop <= 5.0 and after_kill <= 5.0
+        assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert len(trained) == len(set(trained)) == sum(len(ids) for ids in ref_steps.values())
+        assert len(finals) == 2 and max(errors) <= 1e-5
+        assert max(joined) <= 5.0, f"machine 1 joined {joined} s after its command"
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for mark in marks:
+            _kill_machine(mark)

@@ -1,0 +1,248 @@
+"""Live recovery's pieces without torchft or processes: the quorum's layout, the reducer, and the step rule through a
+real Accelerator with a stand-in live group (a failed commit at step 3 is dealt again; every sample once; LR as an
+uninterrupted run's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import hasten.process.live as live_pkg
+from hasten import Accelerator
+from hasten.process.launch_spec import SPEC_ENV_VAR, LaunchSpec
+from hasten.process.live import LiveQuorum, LiveReducer, live_line
+
+
+# ------------------------------------------------------------------------------------------------- pure pieces
+def test_a_quorum_gives_the_layout_of_its_size():
+    quorum = LiveQuorum(step=3, replicas=2, replica_rank=1, quorum_id=5)
+    layout = quorum.layout(max_processes=2, accumulation=2)
+    assert (layout.processes, layout.rank, layout.own(), layout.divisor) == (2, 1, 2, 2.0)
+    alone = LiveQuorum(step=3, replicas=1, replica_rank=0, quorum_id=6).layout(max_processes=2, accumulation=2)
+    assert (alone.own(), alone.divisor) == (4, 4.0)
+    assert quorum.rank(processes_per_machine=4, local_rank=3) == 7
+
+
+def test_the_line_is_printed_only_when_the_group_changes():
+    a = LiveQuorum(step=3, replicas=2, replica_rank=0, quorum_id=1)
+    assert live_line(a, LiveQuorum(step=4, replicas=2, replica_rank=0, quorum_id=1)) is None
+    line = live_line(a, LiveQuorum(step=3, replicas=1, replica_rank=0, quorum_id=2), seconds=1.0, redone=1)
+    assert "2 -> 1 machine(s) at optimizer step 3" in line and "1 step attempt(s) dealt again" in line
+
+
+class _Averaging:
+    """Two machines whose other one has gradient `other` (flat): the group's average, or a failure."""
+
+    def __init__(self, other: torch.Tensor | None) -> None:
+        self.other, self.seen = other, None
+
+    def allreduce(self, flat: torch.Tensor) -> bool:
+        self.seen = flat.clone()
+        if self.other is None:
+            flat.fill_(float("nan"))
+            return False
+        flat.add_(self.other).div_(2)
+        return True
+
+
+def test_the_reducer_averages_in_parameter_order_and_fills_missing_gradients():
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1, 2))
+    a.grad = torch.tensor([1.0, 2.0])  # b has no gradient: zeros, so every machine's flat layout is the same
+    group = _Averaging(torch.tensor([3.0, 4.0, 2.0, 2.0]))
+    assert LiveReducer([a, b, a], group).reduce()
+    assert group.seen.tolist() == [1.0, 2.0, 0.0, 0.0]
+    assert a.grad.tolist() == [2.0, 3.0] and b.grad.tolist() == [[1.0, 1.0]]
+    failing = LiveReducer([a], _Averaging(None))
+    assert failing.reduce() is False and failing.failed
+
+
+# ------------------------------------------------------------------------------------------- the step rule
+class FakeGroup:
+    """A stand-in `LiveGroup`: `sizes(step, attempt)` -> (replicas, replica_rank); the steps in `fail` fail once."""
+
+    def __init__(self, fail=(), sizes=lambda step, attempt: (1, 0)) -> None:
+        self.fail, self.sizes = set(fail), sizes
+        self.step = self.attempt = 0
+        self.quorums: list[LiveQuorum] = []
+
+    def register_state(self, save, load) -> None:
+        self.save, self.load = save, load
+
+    def begin_step(self) -> LiveQuorum:
+        replicas, rank = self.sizes(self.step, self.attempt)
+        quorum = LiveQuorum(self.step, replicas, rank, quorum_id=self.attempt)
+        self.quorums.append(quorum)
+        return quorum
+
+    def allreduce(self, flat) -> bool:
+        return True  # (alone, or the stand-in peer's gradient equals this one's: the average is the tensor)
+
+    def commit(self) -> bool:
+        self.attempt += 1
+        if self.step in self.fail:
+            self.fail.discard(self.step)
+            return False
+        self.step += 1
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def _train(monkeypatch, group: FakeGroup, samples: int = 32):
+    """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params)."""
+    spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
+                      live={"lighthouse": "unused:0", "replica": 0})
+    monkeypatch.setenv(SPEC_ENV_VAR, spec.to_env()[SPEC_ENV_VAR])
+    monkeypatch.setattr(live_pkg, "LiveGroup", lambda *args, **kwargs: group)
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.1 * s))
+    data = TensorDataset(torch.arange(samples), torch.randn(samples, 3), torch.randn(samples, 1))
+    loader = DataLoader(data, batch_size=2, shuffle=True)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    attempts, committed, lrs, pending = [], [], [], []
+    for ids, x, y in loader:
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            pending.append(ids.tolist())
+            was_sync = accelerator.sync_gradients
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        if was_sync:
+            attempts.append(pending)
+            if accelerator.sync_gradients:
+                committed.append(sorted(i for batch in pending for i in batch))
+                lrs.append(scheduler.get_last_lr()[0])
+            pending = []
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return attempts, committed, lrs, params, accelerator
+
+
+def test_a_failed_step_is_dealt_again_and_every_sample_trains_once(monkeypatch):
+    _, committed_ref, lrs_ref, params_ref, first = _train(monkeypatch, FakeGroup())
+    before = first.gradient_state.optimizer_steps
+    group = FakeGroup(fail={3})
+    attempts, committed, lrs, params, accelerator = _train(monkeypatch, group)
+    assert len(attempts) == len(committed) + 1 == 5  # 32 samples / (4 micro-batches x 2) = 4 steps, one redone
+    assert attempts[3] == attempts[4]  # the loader dealt step 3 again before anything else
+    assert committed == committed_ref  # every committed step trained the uninterrupted run's samples
+    assert sorted(i for step in committed for i in step) == list(range(32))  # every sample once
+    assert lrs == lrs_ref  # the scheduler stepped on commits only
+    assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
+    assert accelerator.gradient_state.optimizer_steps - before == 4  # (the counter is the process's)
+
+
+def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):
+    # two machines (this one is rank 1) until step 2 fails; then alone: step 2 again, all four micro-batches here
+    sizes = lambda step, attempt: (2, 1) if attempt <= 2 else (1, 0)  # noqa: E731
+    attempts, committed, _, _, _ = _train(monkeypatch, FakeGroup(fail={2}, sizes=sizes))
+    assert [len(a) for a in attempts] == [2, 2, 2, 4, 4]  # odd micro-batches at P=2, all four at P=1
+    assert set(map(tuple, attempts[2])) <= set(map(tuple, attempts[3]))  # the redo covers the failed share and more
+    assert len(committed) == 4
+
+
+def test_sigterm_inside_a_step_finishes_it_then_leaves_at_the_boundary(monkeypatch, capsys):
+    import os
+    import signal
+
+    from hasten.facade.live import LeftLiveRun
+
+    class SignalledGroup(FakeGroup):  # SIGTERM really sent to this process while step 1 is in progress
+        closed = False
+
+        def allreduce(self, flat) -> bool:
+            if self.step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return True
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.delenv("HASTEN_PREEMPTION_RECORD", raising=False)
+    monkeypatch.setenv("HASTEN_MACHINE", "vm/1")
+    before = signal.getsignal(signal.SIGTERM)
+    group = SignalledGroup()
+    with pytest.raises(LeftLiveRun) as left:
+        _train(monkeypatch, group)
+    assert group.step == 2 and group.closed  # step 1 committed with everyone, then the machine left the group
+    assert len(group.quorums) == 2  # it never asked for the quorum of step 2 (its members would wait for it)
+    assert left.value.code == 75 and left.value.optimizer_steps >= 2
+    assert "vm/1 left the live run on SIGTERM after optimizer step" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is given back
+
+
+# ------------------------------------------------------------------------------- the launcher's side (no processes)
+def _live_plan(**overrides):
+    from hasten.launch.plan import LaunchPlan
+
+    settings = dict(target=__file__, num_processes=2, num_machines=2, min_machines=1, machine_rank=1,
+                    main_process_ip="127.0.0.1", main_process_port=29500, live=True)
+    return LaunchPlan(**{**settings, **overrides})
+
+
+@pytest.fixture
+def torchft_present(monkeypatch):
+    import hasten.launch.live as launch_live
+
+    monkeypatch.setattr(launch_live, "find_spec", lambda name: object())
+
+
+def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthouse(torchft_present):
+    from hasten.launch.live import local_plan
+
+    plan = _live_plan().validate(check_port=False)
+    local = local_plan(plan)
+    assert (local.mode, local.num_processes, local.num_machines, local.elastic, local.live) == ("torchrun", 1, 1,
+                                                                                             False, False)
+    assert local.main_process_ip == "127.0.0.1" and local.main_process_port not in (None, 29500)
+    assert local.spec.live == {"lighthouse": "http://127.0.0.1:29500", "replica": 1, "min_replicas": 1}
+    assert local.spec.elastic == {"min_processes": 1, "max_processes": 2, "processes_per_machine": 1}
+    assert local.spec.live_settings().replica == 1
+    assert "--nnodes=1" in local.torchrun_argv() and "lighthouse at http://127.0.0.1:29500" in plan.describe()
+    # a worker that dies here may be restarted (it then heals from a peer): --max_restarts stays with the machine
+    assert local_plan(_live_plan(max_restarts=2).validate(check_port=False)).restarts_by_launcher == 2
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"num_processes": 4}, "one process per machine"),
+    ({"min_machines": None, "num_machines": 2}, "--num_machines MIN:MAX"),
+    ({"spec": LaunchSpec(deepspeed={"zero_stage": 2})}, "DeepSpeed"),
+    ({"spec": LaunchSpec(fsdp={"fsdp_version": 2})}, "FSDP"),
+])
+def test_what_phase_1_cannot_do_is_refused_at_launch_naming_the_flag(torchft_present, overrides, words):
+    from hasten.core.errors import LaunchError
+
+    with pytest.raises(LaunchError, match="--elastic_recovery live") as refused:
+        _live_plan(**overrides).validate(check_port=False)
+    assert words in str(refused.value) and str(refused.value).count(". ") == 0  # one sentence
+
+
+def test_a_live_launch_without_torchft_is_refused(monkeypatch):
+    import hasten.launch.live as launch_live
+    from hasten.core.errors import LaunchError
+
+    monkeypatch.setattr(launch_live, "find_spec", lambda name: None)
+    with pytest.raises(LaunchError, match="needs torchft"):
+        _live_plan().validate(check_port=False)
+
+
+def test_the_flag_reaches_the_plan():
+    from hasten.cli.launch import build_plan, launch_parser, resolve_config
+
+    argv = ["--cpu", "--num_machines", "1:2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+            "--machine_rank", "1", "--elastic_recovery", "live", __file__]
+    args = launch_parser().parse_args(argv)
+    try:
+        plan = build_plan(args, resolve_config(args))
+    except Exception as error:  # noqa: BLE001 - without torchft the launch is refused, by this flag
+        assert "torchft" in str(error)
+        return
+    assert plan.live and plan.elastic
+    args = launch_parser().parse_args(argv[:-3] + [__file__])
+    assert args.elastic_recovery == "restart" and not build_plan(args, resolve_config(args)).live
