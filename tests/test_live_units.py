@@ -4,6 +4,8 @@ uninterrupted run's)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -90,7 +92,7 @@ class FakeGroup:
         pass
 
 
-def _train(monkeypatch, group: FakeGroup, samples: int = 32):
+def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = True):
     """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params)."""
     spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
                       live={"lighthouse": "unused:0", "replica": 0})
@@ -106,7 +108,7 @@ def _train(monkeypatch, group: FakeGroup, samples: int = 32):
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     attempts, committed, lrs, pending = [], [], [], []
     for ids, x, y in loader:
-        with accelerator.accumulate(model):
+        with accelerator.accumulate(model) if accumulate else contextlib.nullcontext():
             loss = torch.nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)
             pending.append(ids.tolist())
@@ -136,6 +138,16 @@ def test_a_failed_step_is_dealt_again_and_every_sample_trains_once(monkeypatch):
     assert lrs == lrs_ref  # the scheduler stepped on commits only
     assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
     assert accelerator.gradient_state.optimizer_steps - before == 4  # (the counter is the process's)
+
+
+def test_a_loop_without_accumulate_steps_where_the_dealing_ends_a_step_after_a_failed_one_too(monkeypatch):
+    # Accelerate's examples without accumulation call no accumulate(): the loader's dealing says where a step ends
+    # (2 micro-batches a step here), and a failed commit does not leave every later micro-batch unsynchronised
+    _, committed_ref, lrs_ref, params_ref, _ = _train(monkeypatch, FakeGroup())
+    attempts, committed, lrs, params, _ = _train(monkeypatch, FakeGroup(fail={1}), accumulate=False)
+    assert len(attempts) == len(committed) + 1 == 5 and attempts[1] == attempts[2]
+    assert committed == committed_ref and lrs == lrs_ref
+    assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
 
 
 def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):

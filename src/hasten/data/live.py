@@ -94,6 +94,8 @@ def live_pass(loader: Any, elastic: Any, live: Any, position: Any) -> Iterator[A
             if last:
                 loader.end_of_dataloader = position.end_of_dataloader = True
             position.micro_batch = MicroBatch(step, ends, 0)
+            if loader.gradient_state is not None:  # (a failed commit left it False: each micro-batch says anew)
+                loader.gradient_state.sync_gradients = ends
             loader._steps_at_handout = loader._optimizer_steps()
             cursor.yielded += 1
             cursor.handed_out += 1

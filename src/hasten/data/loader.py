@@ -308,8 +308,10 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
                     if final is not None:
                         self.remainder = position.remainder = final
                 if elastic is not None:
-                    position.micro_batch = elastic.at(cursor.yielded)
+                    position.micro_batch = micro = elastic.at(cursor.yielded)
                     self._steps_at_handout = self._optimizer_steps()
+                    if micro is not None and state is not None:  # the step ends where the dealing says, with or
+                        state.sync_gradients = micro.ends_step      # without accumulate() (elastic runs only)
                 cursor.yielded += 1
                 cursor.handed_out += 1
                 yield batch
