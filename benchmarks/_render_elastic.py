@@ -66,14 +66,18 @@ def recovery_section(records: list[dict]) -> list[str]:
              ("Two \"machines\" of one process each on this host; machine 1 is SIGKILLed (every process of it) after "
               "its step 20, then its command starts again (`benchmarks/recovery.py`). torchft 0.2.0 runs its own DDP "
               "example (`_torchft_ddp.py`: its wiring, an MLP on indexed synthetic samples instead of CIFAR-10) with "
-              "its README's lighthouse flags, killed between two steps and inside a step; hasten runs "
+              "its README's lighthouse flags, killed between two steps and inside a step. hasten live "
+              "(`--elastic_recovery live`) runs the same model, data and batch written the Accelerate way "
+              "(`_hasten_live.py`), killed inside a step; hasten restart (the default) runs "
               "`benchmarks/elastic.py`'s DDP round (`--num_machines 1:2`). *Recovery*: kill to the survivor's next "
-              "optimizer step. *Join*: the new command to its first step in the group of two. *Dropped*: samples of "
-              "the uninterrupted run never trained; *twice*: samples trained twice (hasten: its final parameters "
-              "against the uninterrupted run's instead, every sample once)."), ""]
+              "optimizer step. *Join*: the new command to its first step in the group of two. *Steps redone*: "
+              "optimizer steps trained twice (hasten live: attempts dealt again, after the slash, are not stepped). "
+              "*Dropped*: samples of the uninterrupted run never trained; *twice*: samples trained twice (hasten "
+              "restart: its final parameters against the uninterrupted run's instead, every sample once)."), ""]
     rows = [[r["name"].split(", ", 1)[1], "**crashed** " + str(r.get("error") or "") if r.get("crashed") else
              f(r.get("recovery_s"), 2, " s"), f(r.get("join_s"), 2, " s"),
-             "-" if r.get("steps_redone") is None else r["steps_redone"],
+             "-" if r.get("steps_redone") is None else
+             f"{r['steps_redone']}" + (f" / {r['attempts_dealt_again']}" if "attempts_dealt_again" in r else ""),
              r.get("samples_dropped", "-"), r.get("samples_twice", "-"),
              "-" if r.get("final_difference") is None else f"{r['final_difference']:.1e}"]
             for r in records]

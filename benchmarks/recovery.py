@@ -14,8 +14,12 @@ optimizer step in the group of two; *steps redone*, optimizer steps the survivor
   here), each machine a `torchrun --standalone` of one process, the lighthouse with its README's flags
   (`--min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000`, heartbeat timeout its default 5 s). Killed
   once between two steps and once inside a step (during the backward's all-reduce).
-- hasten: `benchmarks/elastic.py`'s recovery round (DDP, accumulation 1, `--num_machines 1:2`, torch's and hasten's
-  default rendezvous settings), whose final parameters are compared with the uninterrupted run's.
+- hasten, checkpoint restarts (the default, `--elastic_recovery restart`): `benchmarks/elastic.py`'s recovery round
+  (DDP, accumulation 1, `--num_machines 1:2`, torch's and hasten's default rendezvous settings), whose final
+  parameters are compared with the uninterrupted run's.
+- hasten, live recovery (`--elastic_recovery live`): `_hasten_live.py`, the example's model, data and batch written
+  the Accelerate way, killed inside a step; its samples and final parameters are compared with the uninterrupted run
+  of the same command on machine 0 alone (the same global batch of 16).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from _results import record
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "_torchft_ddp.py"
+LIVE = HERE / "_hasten_live.py"
 KILL_AT, STEPS, BATCH = 20, 90, 8  # the example's batch size; 90 committed steps a run
 
 
@@ -147,6 +152,78 @@ def hasten_round(work: Path, port: int, reference: Path) -> dict:
             "final_difference": result.get("final_difference"), "error": result.get("error")}
 
 
+def _live_launch(out: Path, rank: int, port: int, tag: str) -> tuple[subprocess.Popen, Path, float]:
+    log = out / f"m{rank}.{tag}.log"
+    command = [sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes", "2",
+               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+               "--elastic_recovery", "live", str(LIVE)]
+    env = {**os.environ, "OUT": str(out), "STEPS": str(STEPS), "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
+    started = time.time()
+    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    return process, log, started
+
+
+def live_reference(work: Path, port: int) -> Path:
+    """The uninterrupted run of `_hasten_live.py`: machine 0 alone, dealing both micro-batches of every step."""
+    out = work / "live-uninterrupted"
+    out.mkdir(parents=True)
+    process, log, _ = _live_launch(out, 0, port, "a")
+    if process.wait(timeout=600) != 0:
+        raise SystemExit(f"the uninterrupted live run failed:\n{log.read_text()[-3000:]}")
+    return out
+
+
+def hasten_live_round(work: Path, port: int, reference: Path) -> dict:
+    """hasten with live recovery: machine 1 SIGKILLed inside its step after step KILL_AT, started again 2 s after the
+    survivor's next step; samples and final parameters against the uninterrupted run."""
+    import torch
+
+    out = work / f"live-{port}"
+    out.mkdir(parents=True)
+    machines: list[subprocess.Popen] = []
+    try:
+        survivor, log0, _ = _live_launch(out, 0, port, "a")
+        victim, log1, _ = _live_launch(out, 1, port, "a")
+        machines += [survivor, victim]
+        if not _until(lambda: any(r[2] >= KILL_AT and r[3] and r[4] == 2 for r in _rows(log1)), 180):
+            return {"error": "machine 1 never reached its step 20 in the group of two", "crashed": True}
+        time.sleep(0.05)  # into the next step (its pause before the backward is STEP_SLEEP)
+        killed = time.time()
+        _kill(victim)
+        victim.wait()
+        stepped = lambda: [r for r in _rows(log0) if r[0] > killed and r[3]]  # noqa: E731
+        if not _until(lambda: stepped() or survivor.poll() is not None, 90) or not stepped():
+            return {"recovery_s": None, "crashed": True, "error": log0.read_text().splitlines()[-1:]}
+        recovery = stepped()[0][0] - killed
+        time.sleep(2.0)
+        joiner, log1b, command_at = _live_launch(out, 1, port, "b")
+        machines.append(joiner)
+        joined = lambda: [r for r in _rows(log1b) if r[3] and r[4] == 2]  # noqa: E731
+        join = joined()[0][0] - command_at if _until(joined, 90) else None
+        _until(lambda: survivor.poll() is not None and joiner.poll() is not None, 240)
+        rows0 = _rows(log0)
+        committed = [r for log in (log0, log1, log1b) for r in _rows(log) if r[3]]
+        trained: dict[str, int] = {}
+        for row in committed:
+            for sample in row[5]:
+                trained[sample] = trained.get(sample, 0) + 1
+        wanted = {sample for r in _rows(reference / "m0.a.log") if r[3] for sample in r[5]}
+        steps0 = [r[2] for r in rows0 if r[3]]
+        expected = torch.load(next(reference.glob("final_*.pt")))
+        finals = [torch.load(path) for path in out.glob("final_*.pt")]
+        difference = max((float((f - expected).abs().max() / expected.abs().max()) for f in finals), default=None)
+        return {"recovery_s": recovery, "join_s": join, "crashed": False,
+                "steps_redone": len(steps0) - len(set(steps0)),
+                "attempts_dealt_again": sum(1 for r in rows0 if not r[3]),
+                "samples_dropped": len(wanted - set(trained)),
+                "samples_twice": sum(1 for count in trained.values() if count > 1),
+                "final_difference": difference}
+    finally:
+        for process in machines:
+            _kill(process)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -161,10 +238,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hasten-recovery-bench-") as tmp:
         work = Path(tmp)
         reference = elastic.uninterrupted("ddp", 1, work)
+        port += 2
+        live_ref = live_reference(work, port)
         for _ in range(rounds):  # alternating, so that machine noise hits both alike
-            for name in ("torchft between steps", "torchft inside a step", "hasten"):
+            for name in ("torchft between steps", "torchft inside a step", "hasten live inside a step",
+                         "hasten restart"):
                 port += 2
-                if name == "hasten":
+                if name.startswith("hasten live"):
+                    result = hasten_live_round(work, port, live_ref)
+                elif name.startswith("hasten"):
                     result = hasten_round(work, port, reference)
                 else:
                     result = torchft_round(work, port, name.split(" ", 1)[1].split()[0])
