@@ -54,6 +54,15 @@ def _rows(log: Path) -> list[tuple[float, int, int, bool, int, list[str]]]:
     return rows
 
 
+def _trained(*logs: Path) -> dict[str, int]:
+    """How many times each sample was trained in the committed steps of `logs`."""
+    trained: dict[str, int] = {}
+    for row in (r for log in logs for r in _rows(log) if r[3]):
+        for sample in row[5]:
+            trained[sample] = trained.get(sample, 0) + 1
+    return trained
+
+
 def _until(condition, limit: float) -> bool:
     return elastic.until(condition, limit, every=0.02)  # finer than elastic.py's: the seconds measured here are short
 
@@ -126,11 +135,7 @@ def torchft_round(work: Path, port: int, placement: str) -> dict:
         join = joined()[0][0] - command_at if _until(joined, 90) else None
         _until(lambda: all(m.poll() is not None for m in (survivor, machines[-1])), 180)
         rows0 = _rows(log0)
-        committed = [r for log in (log0, log1, log1b) for r in _rows(log) if r[3]]
-        trained: dict[str, int] = {}
-        for row in committed:
-            for sample in row[5]:
-                trained[sample] = trained.get(sample, 0) + 1
+        trained = _trained(log0, log1, log1b)
         redone = sum(1 for a, b in zip(rows0, rows0[1:]) if a[3] and b[3] and b[2] <= a[2])
         return {"recovery_s": recovery, "join_s": join, "crashed": False, "steps_redone": redone,
                 "samples_dropped": len(_uninterrupted_samples() - set(trained)),
@@ -203,11 +208,7 @@ def hasten_live_round(work: Path, port: int, reference: Path) -> dict:
         join = joined()[0][0] - command_at if _until(joined, 90) else None
         _until(lambda: survivor.poll() is not None and joiner.poll() is not None, 240)
         rows0 = _rows(log0)
-        committed = [r for log in (log0, log1, log1b) for r in _rows(log) if r[3]]
-        trained: dict[str, int] = {}
-        for row in committed:
-            for sample in row[5]:
-                trained[sample] = trained.get(sample, 0) + 1
+        trained = _trained(log0, log1, log1b)
         wanted = {sample for r in _rows(reference / "m0.a.log") if r[3] for sample in r[5]}
         steps0 = [r[2] for r in rows0 if r[3]]
         expected = torch.load(next(reference.glob("final_*.pt")))

@@ -49,6 +49,18 @@ def _steps(log: Path) -> list[tuple[float, int, int, bool, int, list[int]]]:
     return rows
 
 
+def _committed_samples(*logs: Path) -> dict[int, list[int]]:
+    """The sample ids of each committed optimizer step over `logs`; no process committed one step twice."""
+    by_step: dict[int, list[int]] = {}
+    for log in logs:
+        seen = [s for _, _, s, c, _, _ in _steps(log) if c]
+        assert len(seen) == len(set(seen)), f"{log.name}: a process committed one optimizer step twice"
+        for _, _, s, c, _, ids in _steps(log):
+            if c:
+                by_step.setdefault(s, []).extend(ids)
+    return by_step
+
+
 def _wait(condition, timeout: float, what: str, logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -109,7 +121,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, 
               [log0, log1, log1b])
         assert survivor.wait(timeout=30) == 0 and joiner.wait(timeout=30) == 0
 
-        rows0, rows1, rows1b = _steps(log0), _steps(log1), _steps(log1b)
+        rows0, rows1b = _steps(log0), _steps(log1b)
         # the survivor is the process it was: one start, one pid in all its lines
         assert log0.read_text().count("START ") == 1 and {pid for _, pid, *_ in rows0} == {survivor.pid}
         after = [t for t, _, _, c, _, _ in rows0 if c and t > killed_at]
@@ -117,13 +129,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, 
         failed = [s for t, _, s, c, _, _ in rows0 if not c]
         joined = [t for t, _, _, c, p, _ in rows1b if c and p == 2]
         # per committed step: every process's samples together are the uninterrupted run's, none twice
-        by_step: dict[int, list[int]] = {}
-        for rows in (rows0, rows1, rows1b):
-            seen = [s for _, _, s, c, _, _ in rows if c]
-            assert len(seen) == len(set(seen)), "a process committed one optimizer step twice"
-            for _, _, s, c, _, ids in rows:
-                if c:
-                    by_step.setdefault(s, []).extend(ids)
+        by_step = _committed_samples(log0, log1, log1b)
         differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
         finals = [torch.load(path) for path in sorted(tmp_path.glob("final_*.pt"))]
         errors = [_relative(final, ref_final) for final in finals]
@@ -230,13 +236,7 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
         failed_kill = [s for t, _, s, c, _, _ in rows0 if not c and t > killed_at]
         joined = [t - start for log, start in ((log1b, returned_at), (log1c, restarted_at))
                   for t in [next((t for t, _, _, c, p, _ in _steps(log) if c and p == 2), float("nan"))]]
-        by_step: dict[int, list[int]] = {}
-        for log in (log0, log1, log1b, log1c):
-            seen = [s for _, _, s, c, _, _ in _steps(log) if c]
-            assert len(seen) == len(set(seen)), f"{log.name}: a process committed one optimizer step twice"
-            for _, _, s, c, _, ids in _steps(log):
-                if c:
-                    by_step.setdefault(s, []).extend(ids)
+        by_step = _committed_samples(log0, log1, log1b, log1c)
         differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
         trained = sorted(i for ids in by_step.values() for i in ids)
         finals = [torch.load(path) for path in sorted(tmp_path.glob("final_*.pt"))]
