@@ -44,9 +44,20 @@ def _steps(log: Path) -> list[tuple[float, int, int, bool, int, list[int]]]:
     rows = []
     for line in log.read_text().splitlines():
         if line.startswith("STEP "):
-            _, t, pid, steps, committed, processes, ids = line.split(" ")
+            _, t, pid, steps, committed, processes, ids = line.split(" ")[:7]
             rows.append((float(t), int(pid), int(steps), committed == "1", int(processes), list(map(int, ids.split(",")))))
     return rows
+
+
+def _learning_rates(*logs: Path) -> dict[int, set[str]]:
+    """The learning rates each committed optimizer step left (after its scheduler step), over `logs`."""
+    rates: dict[int, set[str]] = {}
+    for log in logs:
+        for line in log.read_text().splitlines():
+            parts = line.split(" ")
+            if line.startswith("STEP ") and parts[4] == "1":
+                rates.setdefault(int(parts[3]), set()).add(parts[7])
+    return rates
 
 
 def _committed_samples(*logs: Path) -> dict[int, list[int]]:
@@ -88,7 +99,7 @@ def uninterrupted(tmp_path_factory):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(reference.pid, signal.SIGKILL)
     ref_steps = {steps: sorted(ids) for _, _, steps, committed, _, ids in _steps(ref_log) if committed}
-    return ref_steps, torch.load(next(ref_dir.glob("final_*.pt")))
+    return ref_steps, torch.load(next(ref_dir.glob("final_*.pt"))), _learning_rates(ref_log)
 
 
 @pytest.mark.timeout(300)
@@ -101,7 +112,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, quorum_tick_ms=100,
                                   heartbeat_timeout_ms=1000)
     try:
-        ref_steps, ref_final = uninterrupted
+        ref_steps, ref_final, ref_rates = uninterrupted
         live = lambda replica: LaunchSpec(elastic=ELASTIC, live={"lighthouse": lighthouse.address(),  # noqa: E731
                                                                  "replica": replica, "min_replicas": 1})
         survivor, log0 = _start(tmp_path, "machine0", live(0), STEP_SLEEP="0.1")
@@ -140,6 +151,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, 
               f"{', '.join(f'{e:.2e}' for e in errors)}")
         assert recovery <= 5.0
         assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert _learning_rates(log0, log1, log1b) == ref_rates  # the LR of every optimizer step, on every process
         assert len(finals) == 2 and max(errors) <= 1e-5
         assert joined, "the restarted machine never trained in a group of 2"
     finally:
@@ -190,7 +202,7 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
     from hasten.launch.plan import find_free_port
     from hasten.process.launch_spec import EXIT_PREEMPTED
 
-    ref_steps, ref_final = uninterrupted
+    ref_steps, ref_final, ref_rates = uninterrupted
     port = find_free_port()
     marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
     processes: list[subprocess.Popen] = []
@@ -251,6 +263,7 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
         assert not failed_stop, "the graceful leave failed a step attempt of the survivor"
         assert after_stop <= 5.0 and after_kill <= 5.0
         assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert _learning_rates(log0, log1, log1b, log1c) == ref_rates  # the LR of every optimizer step, every process
         assert len(trained) == len(set(trained)) == sum(len(ids) for ids in ref_steps.values())
         assert len(finals) == 2 and max(errors) <= 1e-5
         assert max(joined) <= 5.0, f"machine 1 joined {joined} s after its command"

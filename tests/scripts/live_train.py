@@ -1,7 +1,7 @@
 """A live run's training script, written the Accelerate way (tests/test_live.py starts it as each "machine").
 
 Nothing in the loop is live-specific: the launch spec (HASTEN_LAUNCH_SPEC) makes the run elastic (MAX 2) and live.
-Prints one line per step attempt: ``STEP <time> <pid> <optimizer steps> <committed 0/1> <P> <sample ids>``; at the
+Prints one line per step attempt: ``STEP <time> <pid> <optimizer steps> <committed 0/1> <P> <sample ids> <lr>``; at the
 end ``DONE <optimizer steps> <lr>``, and saves the flat parameters to $OUT/final_<pid>.pt. STEP_SLEEP pauses before
 each step's synchronising backward (where the test's kill lands: inside a step).
 """
@@ -47,7 +47,7 @@ for ids, x, y in loader:
         committed = int(accelerator.sync_gradients)
         processes = accelerator._elastic.world
         print(f"STEP {time.time():.3f} {os.getpid()} {accelerator.gradient_state.optimizer_steps} {committed} "
-              f"{processes} {','.join(map(str, pending))}", flush=True)
+              f"{processes} {','.join(map(str, pending))} {scheduler.get_last_lr()[0]!r}", flush=True)
         pending = []
 
 flat = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()])
