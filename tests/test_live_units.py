@@ -92,7 +92,7 @@ class FakeGroup:
         pass
 
 
-def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = True):
+def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = True, num_workers: int = 0):
     """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params)."""
     spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
                       live={"lighthouse": "unused:0", "replica": 0})
@@ -104,7 +104,7 @@ def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = 
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.1 * s))
     data = TensorDataset(torch.arange(samples), torch.randn(samples, 3), torch.randn(samples, 1))
-    loader = DataLoader(data, batch_size=2, shuffle=True)
+    loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=num_workers)
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     attempts, committed, lrs, pending = [], [], [], []
     for ids, x, y in loader:
@@ -148,6 +148,14 @@ def test_a_loop_without_accumulate_steps_where_the_dealing_ends_a_step_after_a_f
     assert len(attempts) == len(committed) + 1 == 5 and attempts[1] == attempts[2]
     assert committed == committed_ref and lrs == lrs_ref
     assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
+
+
+def test_workers_a_live_pass_does_not_use_are_said_once(monkeypatch, capsys):
+    _, committed_ref, *_ = _train(monkeypatch, FakeGroup())
+    _, committed, *_ = _train(monkeypatch, FakeGroup(), num_workers=2)
+    assert committed == committed_ref  # the same batches, read here
+    said = [line for line in capsys.readouterr().err.splitlines() if "num_workers=2 is not used" in line]
+    assert len(said) == 1
 
 
 def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator
 
 from ..process.elastic import MicroBatch
@@ -65,6 +66,11 @@ def live_pass(loader: Any, elastic: Any, live: Any, position: Any) -> Iterator[A
     """This process's batches of a live training pass of `loader` (a `PreparedDataLoader`); see the module doc."""
     cursor = loader.cursor
     live.attach(loader)
+    if loader.num_workers > 0 and not getattr(loader, "_live_workers_said", False):
+        loader._live_workers_said = True  # (said once per loader: a setting that is not honoured is never silent)
+        sys.stderr.write(f"hasten: live recovery reads a training step's batches in the training process in this "
+                         f"version, so the DataLoader's num_workers={loader.num_workers} is not used for training "
+                         "passes (evaluation passes use it).\n")
     continuing = cursor.resumed
     cursor.resumed = False
     batches = _pass_batches(loader, elastic, continuing)
