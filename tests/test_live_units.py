@@ -158,6 +158,19 @@ def test_workers_a_live_pass_does_not_use_are_said_once(monkeypatch, capsys):
     assert len(said) == 1
 
 
+def test_periodic_checkpoints_are_refused_in_a_live_run_in_one_sentence(monkeypatch, tmp_path):
+    from hasten.utils import ProjectConfiguration
+
+    spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
+                      live={"lighthouse": "unused:0", "replica": 0})
+    monkeypatch.setenv(SPEC_ENV_VAR, spec.to_env()[SPEC_ENV_VAR])
+    monkeypatch.setattr(live_pkg, "LiveGroup", lambda *args, **kwargs: FakeGroup())
+    config = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True, save_every_n_steps=5)
+    with pytest.raises(ValueError, match=r"^live recovery \(--elastic_recovery live\) does not write periodic "
+                                         r"checkpoints .* --elastic_recovery restart to keep them\.$"):
+        Accelerator(cpu=True, project_config=config)
+
+
 def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):
     # two machines (this one is rank 1) until step 2 fails; then alone: step 2 again, all four micro-batches here
     sizes = lambda step, attempt: (2, 1) if attempt <= 2 else (1, 0)  # noqa: E731

@@ -120,6 +120,13 @@ class CheckpointPart:
         watchdog.set_progress(_training_progress(weakref.ref(self)))
         # Batch boundaries of the training loader: preemption (with automatic naming) and restart progress.
         periodic = self.project_configuration.periodic_saves()
+        from ..process.launch_spec import LaunchSpec
+
+        live = LaunchSpec.current().live_settings() if self._elastic is not None else None
+        if live is not None and periodic is not None:  # (refused before any handler or thread is installed)
+            raise ValueError("live recovery (--elastic_recovery live) does not write periodic checkpoints in this "
+                             "version: drop save_every_n_steps / save_every_n_seconds from ProjectConfiguration, or "
+                             "launch with --elastic_recovery restart to keep them.")
         self._boundary_watch = BoundaryWatch(_SaveState(self), self._process_facts(),
                                              preemption=self.project_configuration.automatic_checkpoint_naming,
                                              progress_file=os.environ.get(PROGRESS_ENV), periodic=periodic,
@@ -131,9 +138,6 @@ class CheckpointPart:
             from .elastic import join_elastic_run
 
             join_elastic_run(self._elastic, self._boundary_watch, self.project_configuration.project_dir)
-            from ..process.launch_spec import LaunchSpec
-
-            live = LaunchSpec.current().live_settings()
             if live is not None:  # survivors keep training in memory (facade/live.py)
                 from .live import start_live
 
