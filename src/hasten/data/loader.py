@@ -159,7 +159,8 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         batches = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
         self._elastic = batches if isinstance(batches, ElasticBatchSampler) else None
         self._steps_at_handout = 0
-        self._live, self._healed = LivePosition(), None  # a live run's position, and one received from a peer
+        self._live = LivePosition()  # a live run's position
+        self._healed: dict[str, Any] | None = None  # a live position received from a peer, for the next step
         self._built()
 
     def _built(self) -> None:
@@ -281,7 +282,7 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         if elastic is not None:  # a training pass is dealt in micro-batches, another one sharded plainly
             elastic.begin_pass(cursor.training)
         live = getattr(elastic.source, "live", None) if elastic is not None else None
-        if live is not None and elastic.dealt():  # a live run: each step at its quorum's size (`live.py`)
+        if live is not None and elastic is not None and elastic.dealt():  # a live run: each step at its quorum's size
             position = self.begin()
             try:
                 yield from live_pass(self, elastic, live, position)

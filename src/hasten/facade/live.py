@@ -119,10 +119,10 @@ class LiveStep:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
-    def _leave(self) -> None:
+    def _leave(self, signum: int) -> None:
         owner = self._owner()
         steps = int(owner.gradient_state.optimizer_steps) if owner is not None else 0
-        stop = LeftLiveRun(signal.Signals(self.leaving).name, steps, os.environ.get(MACHINE_ENV, "this machine"))
+        stop = LeftLiveRun(signal.Signals(signum).name, steps, os.environ.get(MACHINE_ENV, "this machine"))
         self.release_signals()
         self.group.close()  # its heartbeat stops: the next quorum forms without it
         record = os.environ.get(RECORD_ENV)
@@ -136,7 +136,7 @@ class LiveStep:
     def begin_step(self) -> LiveQuorum:
         """The loader's step boundary: this step's quorum sets the group size and rank (a joiner is healed inside)."""
         if self.leaving is not None:  # (before asking: a member of the quorum that then left would fail its step)
-            self._leave()
+            self._leave(self.leaving)
         quorum = self.group.begin_step()
         self.run.world, self.run.rank = quorum.processes(), quorum.rank()
         seconds = time.monotonic() - self._failed_since if self._failed_since is not None else None
