@@ -107,6 +107,47 @@ def test_an_elastic_accelerator_steps_as_the_run_at_max_size(monkeypatch):
     assert accelerator.gradient_accumulation_steps == 6 and accelerator._elastic.accumulation == 3
 
 
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_a_loop_with_or_without_accumulate_steps_once_per_step_at_a_smaller_size(monkeypatch, accumulate):
+    # at 1 process of MAX 2 a step is 2 micro-batches here; a loop without accumulate() (Accelerate's examples
+    # without accumulation) must step where the dealing ends a step, not at every micro-batch
+    import contextlib
+
+    spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1})
+    monkeypatch.setenv(SPEC_ENV_VAR, spec.to_env()[SPEC_ENV_VAR])
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    data = TensorDataset(torch.arange(8.0).reshape(4, 2).repeat(2, 1))
+    loader = DataLoader(data, batch_size=1)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    before = accelerator.gradient_state.optimizer_steps
+    for (x,) in loader:
+        with accelerator.accumulate(model) if accumulate else contextlib.nullcontext():
+            accelerator.backward(model(x).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    assert accelerator.gradient_state.optimizer_steps - before == 4  # 8 micro-batches, 2 a step
+    assert scheduler.scheduler.last_epoch == 8  # each step advances the schedule 2 times (the processes at MAX)
+    # the same numbers either way: each step's gradient is the mean of its 2 micro-batches'
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(2, 1)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_optimizer, lambda step: 1.0 / (step + 1))
+    rows = data.tensors[0]
+    for step in range(4):
+        (reference(rows[2 * step:2 * step + 2]).sum() / 2).backward()
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+        ref_scheduler.step()
+        ref_scheduler.step()
+    unwrapped = accelerator.unwrap_model(model)
+    assert torch.allclose(unwrapped.weight, reference.weight) and torch.allclose(unwrapped.bias, reference.bias)
+
+
 def test_an_elastic_run_refuses_in_one_sentence_the_loader_settings_it_cannot_deal_at_an_uneven_size(monkeypatch):
     from hasten.data import prepare_data_loader
     from hasten.process.elastic import ElasticLayout
