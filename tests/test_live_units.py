@@ -210,6 +210,21 @@ def test_sigterm_inside_a_step_finishes_it_then_leaves_at_the_boundary(monkeypat
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is given back
 
 
+def test_torchfts_flight_recorder_warning_is_not_repeated_at_every_group_change(caplog):
+    import logging
+
+    from hasten.process.live.membership import _quiet_flight_recorder
+
+    _quiet_flight_recorder()
+    _quiet_flight_recorder()  # (once: a second call adds no second filter)
+    logger = logging.getLogger("torchft.manager")
+    assert len(logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="torchft.manager"):
+        logger.warning("[00000:x/0 - step 19] Unable to reset NCCL flight recorder recording so traces will be incorrect.")
+        logger.warning("[00000:x/0 - step 19] something else")
+    assert [r.getMessage() for r in caplog.records] == ["[00000:x/0 - step 19] something else"]
+
+
 # ------------------------------------------------------------------------------- the launcher's side (no processes)
 def _live_plan(**overrides):
     from hasten.launch.plan import LaunchPlan

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
 from typing import Any, Callable
@@ -90,6 +91,7 @@ class LiveGroup:
         from torchft.checkpointing.pg_transport import PGTransport
 
         os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust INFO lines would fill the terminal
+        _quiet_flight_recorder()
         # one process per machine: the replica group is this process alone, with a store of its own
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         pg = torchft.ProcessGroupGloo(timeout=self.timeout)
@@ -146,6 +148,21 @@ class LiveGroup:
         if self._manager is not None:
             self._manager.shutdown(wait=False)
             self._manager = None
+
+
+class _NoFlightRecorderWarning(logging.Filter):
+    """Drops torchft's "Unable to reset NCCL flight recorder" warning: a torch without NCCL's flight recorder (every
+    CPU build) has no trace to reset, and torchft says so at every change of the group."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Unable to reset NCCL flight recorder" not in record.getMessage()
+
+
+def _quiet_flight_recorder() -> None:
+    """Install the filter on torchft's manager logger once."""
+    logger = logging.getLogger("torchft.manager")
+    if not any(isinstance(f, _NoFlightRecorderWarning) for f in logger.filters):
+        logger.addFilter(_NoFlightRecorderWarning())
 
 
 def torch_cpu() -> Any:
