@@ -72,6 +72,16 @@ def _committed_samples(*logs: Path) -> dict[int, list[int]]:
     return by_step
 
 
+def _against(uninterrupted, out: Path, *logs: Path) -> tuple[dict[int, list[int]], list[int], list[float]]:
+    """The run's samples per committed step, the steps whose samples differ from the uninterrupted run's, and each
+    machine's final parameters' relative difference from the uninterrupted run's."""
+    ref_steps, ref_final, _ = uninterrupted
+    by_step = _committed_samples(*logs)
+    differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
+    errors = [_relative(torch.load(path), ref_final) for path in sorted(out.glob("final_*.pt"))]
+    return by_step, differing, errors
+
+
 def _wait(condition, timeout: float, what: str, logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -112,7 +122,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, quorum_tick_ms=100,
                                   heartbeat_timeout_ms=1000)
     try:
-        ref_steps, ref_final, ref_rates = uninterrupted
+        ref_steps, _, ref_rates = uninterrupted
         live = lambda replica: LaunchSpec(elastic=ELASTIC, live={"lighthouse": lighthouse.address(),  # noqa: E731
                                                                  "replica": replica, "min_replicas": 1})
         survivor, log0 = _start(tmp_path, "machine0", live(0), STEP_SLEEP="0.1")
@@ -140,10 +150,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, 
         failed = [s for t, _, s, c, _, _ in rows0 if not c]
         joined = [t for t, _, _, c, p, _ in rows1b if c and p == 2]
         # per committed step: every process's samples together are the uninterrupted run's, none twice
-        by_step = _committed_samples(log0, log1, log1b)
-        differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
-        finals = [torch.load(path) for path in sorted(tmp_path.glob("final_*.pt"))]
-        errors = [_relative(final, ref_final) for final in finals]
+        by_step, differing, errors = _against(uninterrupted, tmp_path, log0, log1, log1b)
         print(f"\nsurvivor: failed attempts after the kill {len(failed)} (steps {failed}); first committed step "
               f"+{recovery:.2f} s after the kill; joiner: first step in a group of 2 "
               f"+{(joined[0] - restarted_at) if joined else float('nan'):.2f} s after its start; committed steps "
@@ -152,7 +159,7 @@ def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, 
         assert recovery <= 5.0
         assert sorted(by_step) == sorted(ref_steps) and not differing
         assert _learning_rates(log0, log1, log1b) == ref_rates  # the LR of every optimizer step, on every process
-        assert len(finals) == 2 and max(errors) <= 1e-5
+        assert len(errors) == 2 and max(errors) <= 1e-5
         assert joined, "the restarted machine never trained in a group of 2"
     finally:
         for process in processes:
@@ -202,7 +209,7 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
     from hasten.launch.plan import find_free_port
     from hasten.process.launch_spec import EXIT_PREEMPTED
 
-    ref_steps, ref_final, ref_rates = uninterrupted
+    ref_steps, _, ref_rates = uninterrupted
     port = find_free_port()
     marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
     processes: list[subprocess.Popen] = []
@@ -248,11 +255,8 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
         failed_kill = [s for t, _, s, c, _, _ in rows0 if not c and t > killed_at]
         joined = [t - start for log, start in ((log1b, returned_at), (log1c, restarted_at))
                   for t in [next((t for t, _, _, c, p, _ in _steps(log) if c and p == 2), float("nan"))]]
-        by_step = _committed_samples(log0, log1, log1b, log1c)
-        differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
+        by_step, differing, errors = _against(uninterrupted, tmp_path, log0, log1, log1b, log1c)
         trained = sorted(i for ids in by_step.values() for i in ids)
-        finals = [torch.load(path) for path in sorted(tmp_path.glob("final_*.pt"))]
-        errors = [_relative(final, ref_final) for final in finals]
         print(f"\nhasten launch --elastic_recovery live: SIGTERM -> survivor's next commit +{after_stop:.2f} s, failed "
               f"attempts {len(failed_stop)}; SIGKILL ({killed} processes) -> +{after_kill:.2f} s, failed attempts "
               f"{len(failed_kill)} (steps {failed_kill}); machine 1 back in a group of 2 "
@@ -266,7 +270,7 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
         assert sorted(by_step) == sorted(ref_steps) and not differing
         assert _learning_rates(log0, log1, log1b, log1c) == ref_rates  # the LR of every optimizer step, every process
         assert len(trained) == len(set(trained)) == sum(len(ids) for ids in ref_steps.values())
-        assert len(finals) == 2 and max(errors) <= 1e-5
+        assert len(errors) == 2 and max(errors) <= 1e-5
         assert max(joined) <= 5.0, f"machine 1 joined {joined} s after its command"
     finally:
         for process in processes:
