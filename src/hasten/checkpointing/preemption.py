@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from ..runtime.gradient_state import GradientState
     from .saveset import ProcessFacts
 
-__all__ = ["EXIT_PREEMPTED", "Preempted", "BoundaryWatch", "RECORD_ENV", "PROGRESS_ENV", "PREEMPTION_SIGNALS"]
+__all__ = ["EXIT_PREEMPTED", "Preempted", "BoundaryWatch", "announce", "RECORD_ENV", "PROGRESS_ENV",
+           "PREEMPTION_SIGNALS"]
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _CHECK_EVERY_SECONDS = 1.0
@@ -203,12 +204,26 @@ class BoundaryWatch:
         path = self.save()
         stop = Preempted(str(path), signal.Signals(signum).name, loader.cursor.epoch, loader.cursor.yielded)
         if self.is_main:
-            record = os.environ.get(RECORD_ENV)
-            if record:
-                Path(record).write_text(json.dumps({"message": stop.describe(), "checkpoint": str(path)}))
-            else:
-                sys.stderr.write(f"hasten: {stop.describe()}.\n")
+            announce(stop, str(path))
         raise stop
+
+
+def announce(stop: Preempted, checkpoint: str = "", say: Callable[[str], Any] | None = None) -> None:
+    """Tell of a stop: the record the launcher reads and prints (when launched), else one line through `say`
+    (standard error by default).
+
+    Example:
+        >>> announce(Preempted("ckpt", "SIGTERM", epoch=0, batch=3), "ckpt", say=print)  # doctest: +NORMALIZE_WHITESPACE
+        hasten: preempted by SIGTERM after epoch 0 batch 3; checkpoint saved to ckpt;
+        start the run again to resume from it.
+    """
+    record = os.environ.get(RECORD_ENV)
+    if record:
+        Path(record).write_text(json.dumps({"message": stop.describe(), "checkpoint": checkpoint}))
+    elif say is not None:
+        say(f"hasten: {stop.describe()}.")
+    else:
+        sys.stderr.write(f"hasten: {stop.describe()}.\n")
 
 
 def read_preemption_record(path: str | os.PathLike[str]) -> str | None:

@@ -35,16 +35,14 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..checkpointing.preemption import PREEMPTION_SIGNALS, RECORD_ENV, Preempted
+from ..checkpointing.preemption import PREEMPTION_SIGNALS, Preempted, announce
 from ..process.launch_spec import MACHINE_ENV
 from ..process.live import LiveQuorum, LiveReducer, live_line
 
@@ -125,11 +123,7 @@ class LiveStep:
         stop = LeftLiveRun(signal.Signals(signum).name, steps, os.environ.get(MACHINE_ENV, "this machine"))
         self.release_signals()
         self.group.close()  # its heartbeat stops: the next quorum forms without it
-        record = os.environ.get(RECORD_ENV)
-        if record:  # the launcher says the line and exits with EXIT_PREEMPTED
-            Path(record).write_text(json.dumps({"message": stop.describe(), "checkpoint": ""}))
-        else:
-            self.say(f"hasten: {stop.describe()}.")
+        announce(stop, say=self.say)  # (launched: the launcher says the line and exits with EXIT_PREEMPTED)
         raise stop
 
     # -- the step --------------------------------------------------------------------------------
