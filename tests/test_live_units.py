@@ -246,13 +246,14 @@ def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthous
 
     plan = _live_plan().validate(check_port=False)
     local = local_plan(plan)
-    assert (local.mode, local.num_processes, local.num_machines, local.elastic, local.live) == ("torchrun", 1, 1,
-                                                                                             False, False)
-    assert local.main_process_ip == "127.0.0.1" and local.main_process_port not in (None, 29500)
+    # its one process a watched child of the launcher, not under torch's agent (whose import of torch would delay it)
+    assert (local.mode, local.in_this_process, local.num_processes, local.elastic, local.live) == ("single", False, 1,
+                                                                                                   False, False)
+    assert local.main_process_port is None  # (no local group to meet at: the lighthouse's port is the run's only one)
     assert local.spec.live == {"lighthouse": "http://127.0.0.1:29500", "replica": 1, "min_replicas": 1}
     assert local.spec.elastic == {"min_processes": 1, "max_processes": 2, "processes_per_machine": 1}
     assert local.spec.live_settings().replica == 1
-    assert "--nnodes=1" in local.torchrun_argv() and "lighthouse at http://127.0.0.1:29500" in plan.describe()
+    assert "lighthouse at http://127.0.0.1:29500" in plan.describe()
     # a worker that dies here may be restarted (it then heals from a peer): --max_restarts stays with the machine
     assert local_plan(_live_plan(max_restarts=2).validate(check_port=False)).restarts_by_launcher == 2
 

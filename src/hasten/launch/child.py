@@ -27,12 +27,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
-__all__ = ["CHILD_STDERR_CHUNK_SIZE", "CHILD_STDERR_TAIL_CHUNKS", "ChildRun", "run_child", "terminate_tree"]
+__all__ = ["CHILD_STDERR_CHUNK_SIZE", "CHILD_STDERR_TAIL_CHUNKS", "ChildRun", "LIVE_STOP_GRACE", "STOP_GRACE", "run_child",
+           "terminate_tree"]
 
 # What is kept of the child's stderr for the error: the last CHUNK_SIZE x TAIL_CHUNKS bytes (512 KiB), read in chunks.
 CHILD_STDERR_CHUNK_SIZE = 8192
 CHILD_STDERR_TAIL_CHUNKS = 64
-_GRACE = 5.0  # seconds a stopped tree has after SIGTERM before SIGKILL
+STOP_GRACE = _GRACE = 5.0  # seconds a stopped tree has after SIGTERM before SIGKILL
+# a live machine's worker leaves at the end of its step: as long as torch's agent gives its workers after a stop
+LIVE_STOP_GRACE = 30.0
 
 
 @dataclass
@@ -61,8 +64,8 @@ def _stop(signum: int, _frame: Any) -> None:
     raise _Stopped(signum)
 
 
-def terminate_tree(process: Any) -> None:
-    """SIGTERM `process` and every descendant (found before the parent goes), SIGKILL what is left after 5 s.
+def terminate_tree(process: Any, grace: float = _GRACE) -> None:
+    """SIGTERM `process` and every descendant (found before the parent goes), SIGKILL what is left after `grace` s.
 
     Example:
         >>> import subprocess, sys, psutil
@@ -79,7 +82,7 @@ def terminate_tree(process: Any) -> None:
         for each in processes:
             with suppress(psutil.NoSuchProcess):
                 each.terminate()
-        _, alive = psutil.wait_procs(processes, timeout=_GRACE)
+        _, alive = psutil.wait_procs(processes, timeout=grace)
     except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C: go straight to SIGKILL
         pass
     finally:
@@ -91,12 +94,12 @@ def terminate_tree(process: Any) -> None:
 
 
 def run_child(command: Sequence[str], env: Mapping[str, str] | None = None,
-              preexec_fn: Callable[[], Any] | None = None) -> ChildRun:
+              preexec_fn: Callable[[], Any] | None = None, grace: float = _GRACE) -> ChildRun:
     """Run `command`, writing its stderr through and keeping the tail; Ctrl-C / SIGTERM stop its whole tree.
 
     Returns the exit code (128 + N for a child killed by signal N); stopped by a signal, the code is 128 + that
     signal (130 for Ctrl-C) and `signum` names it. Another `SystemExit` raised meanwhile stops the tree too, and
-    is raised again.
+    is raised again. `grace`: the seconds a stopped tree has before SIGKILL (a live worker finishes its step).
     """
     process = psutil.Popen(list(command), env=None if env is None else dict(env), stderr=subprocess.PIPE,
                            preexec_fn=preexec_fn)
@@ -123,7 +126,7 @@ def run_child(command: Sequence[str], env: Mapping[str, str] | None = None,
         # Keep draining while the tree stops, so a child writing its last words cannot block on a full pipe.
         reader = threading.Thread(target=copy_stderr, daemon=True)
         reader.start()
-        terminate_tree(process)
+        terminate_tree(process, grace)
         reader.join(timeout=_GRACE)
         if isinstance(stop, SystemExit) and not isinstance(stop, _Stopped):
             raise

@@ -83,13 +83,16 @@ def lighthouse_address(plan: Any) -> str:
 def local_plan(plan: Any) -> Any:
     """This machine's part of a live plan: one process, a local non-elastic launch that takes the live path.
 
+    The process is a watched child of the launcher (heartbeats, the guardian, a stop forwarded), not torch's agent: the
+    agent's launcher imports torch before it starts the worker, a second a joining machine would wait.
+
     Example:
         >>> from hasten.launch.plan import LaunchPlan
         >>> plan = LaunchPlan(target="t.py", num_processes=2, num_machines=2, min_machines=1, machine_rank=1,
         ...                   main_process_ip="127.0.0.1", main_process_port=29500, live=True)
         >>> local = local_plan(plan)
-        >>> local.mode, local.num_machines, local.spec.live["replica"], local.spec.elastic["max_processes"]
-        ('torchrun', 1, 1, 2)
+        >>> local.mode, local.in_this_process, local.spec.live["replica"], local.spec.elastic["max_processes"]
+        ('single', False, 1, 2)
     """
     live = {"lighthouse": lighthouse_address(plan), "replica": int(plan.machine_rank),
             "min_replicas": int(plan.min_machines or plan.num_machines)}
@@ -109,7 +112,7 @@ def local_plan(plan: Any) -> Any:
     return dataclasses.replace(
         plan, live=False, num_processes=1, num_machines=1, min_machines=None, machine_rank=0,
         main_process_ip="127.0.0.1", main_process_port=None, rdzv_backend="static", rdzv_conf=None, rdzv_id=None,
-        rdzv_endpoint=None, through_torchrun=True, spec=spec, extra_env=env,
+        rdzv_endpoint=None, through_torchrun=False, in_this_process=False, spec=spec, extra_env=env,
     ).validate(check_script=False)
 
 

@@ -36,7 +36,7 @@ from ..process.launch_spec import (BOARD_DIR_ENV, EXIT_FAILED, EXIT_PREEMPTED, H
                            PROGRESS_FILE_ENV, LaunchSpec)
 from .elastic import LEAVE_GRACE, StoreWatch, is_store_lost, store_lost
 from .failures import all_failures, failure_summary
-from .child import run_child
+from .child import LIVE_STOP_GRACE, STOP_GRACE, run_child
 from .leftovers import empty, owned_directory, shared_directory
 from .guardian import start as guardian_of, stop as stop_guardian
 from .liveness import Monitor
@@ -140,9 +140,11 @@ def launch(plan: LaunchPlan) -> Outcome:
         record = os.environ[PREEMPTION_RECORD_ENV] = os.path.join(run_dir, "preempted.json")
         try:
             if plan.mode == "single" and not plan.in_this_process:
+                live = plan.spec.live is not None  # a live machine's worker: a stop is a leave at its step's end
                 with _watched(plan, run_dir, "worker") as monitor:
-                    child = run_child(plan.command(), preexec_fn=_terminate_with_parent())
-                if child.signum is not None:
+                    child = run_child(plan.command(), preexec_fn=_terminate_with_parent(),
+                                      grace=LIVE_STOP_GRACE if live else STOP_GRACE)
+                if child.signum is not None and not (live and read_preemption_record(record)):
                     return Outcome(code=child.code, signum=child.signum, stderr_tail=child.stderr_tail)
                 if monitor.verdict is not None and child.code != 0:
                     return Outcome(code=EXIT_FAILED, unresponsive=monitor.verdict, frozen=monitor.frozen,

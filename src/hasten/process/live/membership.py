@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -159,10 +160,13 @@ class _NoFlightRecorderWarning(logging.Filter):
 
 
 def _quiet_flight_recorder() -> None:
-    """Install the filter on torchft's manager logger once."""
+    """Install the filter on torchft's manager logger once; silence its transport's FutureWarning about torch's
+    pytree (`LeafSpec`, deprecated by torch), printed at every heal and none of the user's doing."""
     logger = logging.getLogger("torchft.manager")
     if not any(isinstance(f, _NoFlightRecorderWarning) for f in logger.filters):
         logger.addFilter(_NoFlightRecorderWarning())
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning,
+                            module=r"torchft\.checkpointing\.pg_transport")
 
 
 def torch_cpu() -> Any:
