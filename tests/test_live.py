@@ -279,3 +279,61 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
                 os.killpg(process.pid, signal.SIGKILL)
         for mark in marks:
             _kill_machine(mark)
+
+
+@pytest.mark.timeout(300)
+def test_losing_every_machine_at_once_resumes_from_the_newest_periodic_checkpoint(tmp_path, uninterrupted):
+    """Both machines of a live run SIGKILLed inside a step (machine 0's lighthouse with them), then both commands
+    started again: the run resumes from the newest periodic checkpoint (every 10 optimizer steps, written by the first
+    machine of each quorum into the folder both share), redoes only the steps since it, and ends as the uninterrupted
+    run."""
+    from hasten.checkpointing.commit import read_manifest
+    from hasten.checkpointing.project import latest_checkpoint
+    from hasten.launch.plan import find_free_port
+
+    ref_steps, _, ref_rates = uninterrupted
+    port, project = find_free_port(), tmp_path / "project"
+    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
+    settings = dict(STEP_SLEEP="0.1", PROJECT=str(project), SAVE_EVERY="10")
+    processes: list[subprocess.Popen] = []
+    try:
+        first = [_launch(tmp_path, f"machine{rank}", rank, port, marks[rank], **settings) for rank in (0, 1)]
+        processes += [process for process, _ in first]
+        logs = [log for _, log in first]
+        _wait(lambda: _committed_in_pair(logs[1], count=35), 180, "35 steps in a group of 2", logs)
+        time.sleep(0.05)  # (inside a step)
+        killed = _kill_machine(marks[0]) + _kill_machine(marks[1])
+        for process in processes:
+            process.wait(timeout=30)
+        reached = max(s for log in logs for _, _, s, c, _, _ in _steps(log) if c)
+        newest = latest_checkpoint(project / "checkpoints")
+        assert newest is not None, "no periodic checkpoint was written"
+        saved = int(read_manifest(newest)["run"]["optimizer_steps"])
+        again = [_launch(tmp_path, f"machine{rank}-again", rank, port, marks[rank], **settings) for rank in (0, 1)]
+        processes += [process for process, _ in again]
+        logs_again = [log for _, log in again]
+        _wait(lambda: all("DONE" in log.read_text() for log in logs_again), 180, "both machines to finish", logs_again)
+        for process, log in again:
+            assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+
+        before = {s: ids for s, ids in _committed_samples(*logs).items() if s <= saved}
+        after = _committed_samples(*logs_again)
+        by_step = {**before, **after}
+        differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
+        rates = {s: r for s, r in _learning_rates(*logs).items() if s <= saved} | _learning_rates(*logs_again)
+        errors = [_relative(torch.load(path), uninterrupted[1]) for path in sorted(tmp_path.glob("final_*.pt"))]
+        print(f"\nboth machines SIGKILLed ({killed} processes) at optimizer step {reached}: resumed from "
+              f"{newest.name} (step {saved}) by both commands started again, {reached - saved} step(s) redone; committed "
+              f"steps {len(by_step)} of {len(ref_steps)}; steps whose samples differ: {differing}; final relative "
+              f"error {', '.join(f'{e:.2e}' for e in errors)}")
+        assert all(f"resumed from {newest}" in log.read_text() for log in logs_again)
+        assert min(after) == saved + 1 and 0 <= reached - saved <= 10  # only the steps since the checkpoint again
+        assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert rates == ref_rates
+        assert len(errors) == 2 and max(errors) <= 1e-5
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for mark in marks:
+            _kill_machine(mark)

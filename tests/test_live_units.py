@@ -92,20 +92,28 @@ class FakeGroup:
         pass
 
 
-def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = True, num_workers: int = 0):
-    """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params)."""
+def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = True, num_workers: int = 0,
+           project=None, resume: str | None = None):
+    """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params).
+    `project`: the `ProjectConfiguration`; `resume`: a checkpoint loaded before the loop."""
     spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
                       live={"lighthouse": "unused:0", "replica": 0})
     monkeypatch.setenv(SPEC_ENV_VAR, spec.to_env()[SPEC_ENV_VAR])
     monkeypatch.setattr(live_pkg, "LiveGroup", lambda *args, **kwargs: group)
     torch.manual_seed(0)
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    from hasten import DataLoaderConfiguration
+
+    # (a resumed loader continues where the checkpoint was taken: Accelerate's stateful-loader setting)
+    loaders = DataLoaderConfiguration(use_stateful_dataloader=project is not None)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, project_config=project, dataloader_config=loaders)
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.1 * s))
     data = TensorDataset(torch.arange(samples), torch.randn(samples, 3), torch.randn(samples, 1))
     loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=num_workers)
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    if resume is not None:
+        accelerator.load_state(resume)
     attempts, committed, lrs, pending = [], [], [], []
     for ids, x, y in loader:
         with accelerator.accumulate(model) if accumulate else contextlib.nullcontext():
@@ -123,6 +131,9 @@ def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = 
                 lrs.append(scheduler.get_last_lr()[0])
             pending = []
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    from hasten.checkpointing.background import wait_pending
+
+    wait_pending()  # (a periodic save in the background is finished)
     return attempts, committed, lrs, params, accelerator
 
 
@@ -158,17 +169,30 @@ def test_workers_a_live_pass_does_not_use_are_said_once(monkeypatch, capsys):
     assert len(said) == 1
 
 
-def test_periodic_checkpoints_are_refused_in_a_live_run_in_one_sentence(monkeypatch, tmp_path):
+def test_periodic_checkpoints_are_written_by_the_quorums_first_machine_and_resume_a_live_run(monkeypatch, tmp_path):
+    # Losing every machine at once: the newest periodic checkpoint (every 2 of the 4 steps; step 1 fails once) resumes
+    # the run at its step, which the live group starts at, and the run ends as the uninterrupted one
+    from hasten.checkpointing.project import list_checkpoints
     from hasten.utils import ProjectConfiguration
 
-    spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
-                      live={"lighthouse": "unused:0", "replica": 0})
-    monkeypatch.setenv(SPEC_ENV_VAR, spec.to_env()[SPEC_ENV_VAR])
-    monkeypatch.setattr(live_pkg, "LiveGroup", lambda *args, **kwargs: FakeGroup())
-    config = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True, save_every_n_steps=5)
-    with pytest.raises(ValueError, match=r"^live recovery \(--elastic_recovery live\) does not write periodic "
-                                         r"checkpoints .* --elastic_recovery restart to keep them\.$"):
-        Accelerator(cpu=True, project_config=config)
+    def project(folder: str, every: int | None = 2):
+        return ProjectConfiguration(str(tmp_path / folder), automatic_checkpoint_naming=True, save_every_n_steps=every)
+
+    _, committed_ref, lrs_ref, params_ref, _ = _train(monkeypatch, FakeGroup())
+    _, committed, lrs, params, _ = _train(monkeypatch, FakeGroup(fail={1}), project=project("first"))
+    assert committed == committed_ref and lrs == lrs_ref and torch.equal(params, params_ref)  # (saving changes nothing)
+    saved = list_checkpoints(tmp_path / "first" / "checkpoints")
+    assert [i for i, _ in saved] == [0, 1]  # after optimizer steps 2 and 4
+    _train(monkeypatch, FakeGroup(sizes=lambda step, attempt: (2, 1)), project=project("second"))
+    assert list_checkpoints(tmp_path / "second" / "checkpoints") == []  # the quorum's second machine saves none
+
+    group = FakeGroup()
+    _, committed, lrs, params, accelerator = _train(monkeypatch, group, project=project("first", None),
+                                                    resume=str(saved[0][1]))
+    assert group.resume_step == 2  # the live group starts at the checkpoint's step (a fresh peer would heal from it)
+    assert committed == committed_ref[2:] and lrs == lrs_ref[2:]  # steps 3 and 4, as in the uninterrupted run
+    assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
+    assert accelerator._boundary_watch.optimizer_steps == 4
 
 
 def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):
@@ -208,6 +232,32 @@ def test_sigterm_inside_a_step_finishes_it_then_leaves_at_the_boundary(monkeypat
     assert left.value.code == 75 and left.value.optimizer_steps >= 2
     assert "vm/1 left the live run on SIGTERM after optimizer step" in capsys.readouterr().out
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is given back
+
+
+def test_the_first_machine_saves_its_state_when_it_leaves_and_the_run_resumes_there_with_nothing_redone(monkeypatch,
+                                                                                                      tmp_path):
+    # a cancelled job stops every machine at once: the leave's checkpoint (automatic naming) holds the step boundary
+    import os
+    import signal
+
+    from hasten.facade.live import LeftLiveRun
+    from hasten.utils import ProjectConfiguration
+
+    class SignalledGroup(FakeGroup):  # SIGTERM really sent while step 1 is in progress
+        def allreduce(self, flat) -> bool:
+            if self.step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return True
+
+    monkeypatch.delenv("HASTEN_PREEMPTION_RECORD", raising=False)
+    _, committed_ref, lrs_ref, params_ref, _ = _train(monkeypatch, FakeGroup())
+    project = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True)
+    with pytest.raises(LeftLiveRun) as left:
+        _train(monkeypatch, SignalledGroup(), project=project)
+    assert left.value.checkpoint and "its state is saved to" in left.value.describe()
+    _, committed, lrs, params, _ = _train(monkeypatch, FakeGroup(), project=project, resume=left.value.checkpoint)
+    assert committed == committed_ref[2:] and lrs == lrs_ref[2:]  # the steps after the leave's boundary, none again
+    assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
 
 
 def test_torchfts_flight_recorder_warning_is_not_repeated_at_every_group_change(caplog):

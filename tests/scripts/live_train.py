@@ -3,7 +3,8 @@
 Nothing in the loop is live-specific: the launch spec (HASTEN_LAUNCH_SPEC) makes the run elastic (MAX 2) and live.
 Prints one line per step attempt: ``STEP <time> <pid> <optimizer steps> <committed 0/1> <P> <sample ids> <lr>``; at the
 end ``DONE <optimizer steps> <lr>``, and saves the flat parameters to $OUT/final_<pid>.pt. STEP_SLEEP pauses before
-each step's synchronising backward (where the test's kill lands: inside a step).
+each step's synchronising backward (where the test's kill lands: inside a step). With PROJECT, periodic checkpoints
+(every SAVE_EVERY optimizer steps) go there, and the run resumes from the newest one at its start.
 """
 
 import os
@@ -13,7 +14,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
+from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration
 from hasten.utils import set_seed
 
 OUT = os.environ["OUT"]
@@ -21,7 +22,11 @@ SLEEP = float(os.environ.get("STEP_SLEEP", "0"))
 print(f"START {time.time():.3f} {os.getpid()}", flush=True)
 
 set_seed(0)
-accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+PROJECT = os.environ.get("PROJECT")  # periodic checkpoints there, every SAVE_EVERY optimizer steps; resumed at start
+project = ProjectConfiguration(PROJECT, automatic_checkpoint_naming=True,
+                               save_every_n_steps=int(os.environ["SAVE_EVERY"])) if PROJECT else None
+accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, project_config=project,
+                          dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=bool(PROJECT)))
 model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.05 * s))
@@ -30,6 +35,8 @@ N = int(os.environ.get("SAMPLES", "2048"))
 data = TensorDataset(torch.arange(N), torch.randn(N, 16, generator=generator), torch.randn(N, 1, generator=generator))
 loader = DataLoader(data, batch_size=8, shuffle=True)
 model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+if PROJECT:
+    accelerator.load_state()  # the newest complete checkpoint, if there is one
 
 pending = []
 for ids, x, y in loader:

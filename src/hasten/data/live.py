@@ -41,6 +41,18 @@ class LivePosition:
 
     def __init__(self, epoch: int = 0, step: int = 0, order: dict[str, Any] | None = None) -> None:
         self.epoch, self.step, self.order = epoch, step, order
+        self.handed: int | None = None  # the step of the micro-batch handed out last in this pass
+
+    def steps_done(self, stepped: bool) -> int:
+        """The pass's steps done (a checkpoint resumes after them); `stepped`: an optimizer step followed the last
+        micro-batch handed out.
+
+        Example:
+            >>> position = LivePosition(step=3); position.handed = 3
+            >>> position.steps_done(stepped=False), position.steps_done(stepped=True)
+            (3, 4)
+        """
+        return self.step + (stepped and self.handed == self.step)
 
     def as_dict(self) -> dict[str, Any]:
         """The position as a joiner receives it."""
@@ -103,9 +115,13 @@ def live_pass(loader: Any, elastic: Any, live: Any, position: Any) -> Iterator[A
             if loader.gradient_state is not None:  # (a failed commit left it False: each micro-batch says anew)
                 loader.gradient_state.sync_gradients = ends
             loader._steps_at_handout = loader._optimizer_steps()
+            loader._live.handed = step
             cursor.yielded += 1
             cursor.handed_out += 1
             yield batch
+            state = loader.gradient_state  # (the hook removes itself once it has nothing left to do: read each time)
+            if state is not None and state.boundary_hook is not None and cursor.training:
+                state.boundary_hook(loader)  # asked for the next batch: steps counted, a periodic save when due
             if live.redo:
                 break
         if live.redo:  # the step did not commit: the same step again, at the size of the next quorum
@@ -113,6 +129,6 @@ def live_pass(loader: Any, elastic: Any, live: Any, position: Any) -> Iterator[A
             loader.end_of_dataloader = position.end_of_dataloader = False
             continue
         step += 1
-    loader._live.step = 0
+    loader._live.step, loader._live.handed = 0, None
     cursor.epoch, cursor.yielded = cursor.epoch + 1, 0
     elastic.training = None

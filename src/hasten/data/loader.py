@@ -342,12 +342,29 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         elastic, cursor = self._elastic, self.cursor
         if elastic is None or not elastic.dealt() or elastic.batch_size is None:
             return super()._saved_position()
+        if self._in_live_run():  # the steps the pass has done (the group's size may have changed within the pass)
+            stepped = cursor.yielded > 0 and self._optimizer_steps() > self._steps_at_handout
+            return self._live.steps_done(stepped) * elastic.layout.micro_batches, elastic.batch_size
         if not cursor.yielded:  # nothing handed out since a restored position (or the pass's start)
             done, stepped = cursor.pending_skip, True
         else:
             done, stepped = cursor.yielded, self._optimizer_steps() > self._steps_at_handout
         total = elastic.micro_batches_per_pass()
         return elastic.layout.step_start(done, total, stepped), elastic.batch_size
+
+    def _in_live_run(self) -> bool:
+        return self._elastic is not None and getattr(self._elastic.source, "live", None) is not None
+
+    def load_position(self, state: dict[str, Any], restore_position: bool = True) -> None:
+        """As `LoaderPositionMixin.load_position`; in a live run the training pass resumes at the saved step (the
+        group deals each step at the size its quorum gives, so no batches are skipped ahead of time)."""
+        super().load_position(state, restore_position)
+        elastic = self._elastic
+        if restore_position and self._in_live_run() and elastic is not None and elastic.dealt() and \
+                elastic.batch_size is not None:
+            samples = int(state["yielded"]) * int(state.get("global_batch_size") or 0)
+            self._live.step = samples // (elastic.batch_size * elastic.layout.micro_batches)
+            self.cursor.pending_skip = 0
 
     def _optimizer_steps(self) -> int:
         """The prepared optimizers' steps so far (a step after a handed-out batch moves a checkpoint's position on)."""

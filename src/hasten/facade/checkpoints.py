@@ -123,10 +123,6 @@ class CheckpointPart:
         from ..process.launch_spec import LaunchSpec
 
         live = LaunchSpec.current().live_settings() if self._elastic is not None else None
-        if live is not None and periodic is not None:  # (refused before any handler or thread is installed)
-            raise ValueError("live recovery (--elastic_recovery live) does not write periodic checkpoints in this "
-                             "version: drop save_every_n_steps / save_every_n_seconds from ProjectConfiguration, or "
-                             "launch with --elastic_recovery restart to keep them.")
         self._boundary_watch = BoundaryWatch(_SaveState(self), self._process_facts(),
                                              preemption=self.project_configuration.automatic_checkpoint_naming,
                                              progress_file=os.environ.get(PROGRESS_ENV), periodic=periodic,
@@ -333,7 +329,9 @@ class CheckpointPart:
             from ..checkpointing.constants import MANIFEST_NAME
 
             notes = read_manifest(Path(path)).get("run") if (Path(path) / MANIFEST_NAME).exists() else None
-            self._boundary_watch.restore_steps(int((notes or {}).get("optimizer_steps", 0)))
+            steps = int((notes or {}).get("optimizer_steps", 0))
+            self._boundary_watch.restore_steps(steps)
+            self.gradient_state.optimizer_steps = steps  # (a live run's machines number their steps from it)
             if self._elastic is not None:
                 from .elastic import report_reformation
 

@@ -58,19 +58,25 @@ class LeftLiveRun(Preempted):
     It ends the process like a preemption (quiet, exit code `EXIT_PREEMPTED`), but nothing was saved: the machines
     left hold the state, and a machine that starts its command again heals from them.
 
+    With automatic checkpoint naming, the first machine of the last quorum also saves its state on the way out (the
+    others do not wait for it): when every machine is stopped at once (a cancelled job), the run resumes from there
+    with no step redone.
+
     Example:
         >>> stop = LeftLiveRun("SIGTERM", optimizer_steps=12, machine="vm/1")
         >>> stop.code, stop.describe()
         (75, 'vm/1 left the live run on SIGTERM after optimizer step 12; the other machines go on without a restart; start this command again to rejoin from a live peer')
     """
 
-    def __init__(self, signal_name: str, optimizer_steps: int, machine: str) -> None:
-        super().__init__("", signal_name, epoch=0, batch=0)
+    def __init__(self, signal_name: str, optimizer_steps: int, machine: str, checkpoint: str = "") -> None:
+        super().__init__(checkpoint, signal_name, epoch=0, batch=0)
         self.optimizer_steps, self.machine = optimizer_steps, machine
 
     def describe(self) -> str:
+        saved = f"; its state is saved to {self.checkpoint}, for a restart of every machine" if self.checkpoint else ""
         return (f"{self.machine} left the live run on {self.signal_name} after optimizer step {self.optimizer_steps}; "
-                "the other machines go on without a restart; start this command again to rejoin from a live peer")
+                f"the other machines go on without a restart; start this command again to rejoin from a live peer"
+                f"{saved}")
 
 
 class LiveStep:
@@ -119,18 +125,28 @@ class LiveStep:
 
     def _leave(self, signum: int) -> None:
         owner = self._owner()
-        steps = int(owner.gradient_state.optimizer_steps) if owner is not None else 0
-        stop = LeftLiveRun(signal.Signals(signum).name, steps, os.environ.get(MACHINE_ENV, "this machine"))
+        steps = self.optimizer_steps()
         self.release_signals()
         self.group.close()  # its heartbeat stops: the next quorum forms without it
-        announce(stop, say=self.say)  # (launched: the launcher says the line and exits with EXIT_PREEMPTED)
+        checkpoint = self._save_on_leave()  # (after leaving: nobody waits for it)
+        stop = LeftLiveRun(signal.Signals(signum).name, steps, os.environ.get(MACHINE_ENV, "this machine"), checkpoint)
+        announce(stop, checkpoint, say=self.say)  # (launched: the launcher says the line and exits with EXIT_PREEMPTED)
         raise stop
+
+    def _save_on_leave(self) -> str:
+        """The leave's checkpoint (automatic naming; the last quorum's first machine only), its path or ""."""
+        owner = self._owner()
+        if owner is None or not owner.project_configuration.automatic_checkpoint_naming:
+            return ""
+        return str(self.first_machine_only(owner._boundary_watch.save)() or "")
 
     # -- the step --------------------------------------------------------------------------------
     def begin_step(self) -> LiveQuorum:
         """The loader's step boundary: this step's quorum sets the group size and rank (a joiner is healed inside)."""
         if self.leaving is not None:  # (before asking: a member of the quorum that then left would fail its step)
             self._leave(self.leaving)
+        if self.quorum is None:  # the first step: a run resumed from a checkpoint joins at the checkpoint's step
+            self.group.resume_step = self.optimizer_steps()
         quorum = self.group.begin_step()
         self.run.world, self.run.rank = quorum.processes(), quorum.rank()
         seconds = time.monotonic() - self._failed_since if self._failed_since is not None else None
@@ -140,6 +156,29 @@ class LiveStep:
             self._redone = 0
         self.quorum, self._decided, self._failed_since = quorum, None, None
         return quorum
+
+    def optimizer_steps(self) -> int:
+        """The run's optimizer steps so far (counted at step boundaries; a checkpoint or a peer restores them)."""
+        owner = self._owner()
+        return int(owner._boundary_watch.optimizer_steps) if owner is not None else 0
+
+    def first_machine_only(self, save: Callable[[], Any]) -> Callable[[], Any]:
+        """`save` (a periodic checkpoint) done by the first machine of the step's quorum only: every machine holds the
+        same state, and the machines may share the project folder. The saver numbers its checkpoint past the
+        folder's newest, so another machine that takes the role over (the first one lost) never reuses a name."""
+        def save_if_first() -> Any:
+            if self.quorum is None or self.quorum.replica_rank != 0:
+                return None
+            owner = self._owner()
+            if owner is not None and owner.project_configuration.automatic_checkpoint_naming:
+                from ..checkpointing.project import checkpoints_root, list_checkpoints
+
+                found = list_checkpoints(checkpoints_root(owner.project_configuration), complete_only=False)
+                if found:
+                    config = owner.project_configuration
+                    config.iteration = max(config.iteration, found[-1][0] + 1)
+            return save()
+        return save_if_first
 
     def reduce(self) -> bool:
         """At the step's synchronising backward: average the gradients of the prepared models over the quorum."""
@@ -169,7 +208,7 @@ class LiveStep:
         return {"models": [owner.strategy.unwrap_model(m).state_dict() for m in owner._models],
                 "optimizers": [opt.optimizer.state_dict() for opt in owner._optimizers],
                 "schedulers": [s.scheduler.state_dict() for s in owner._schedulers],
-                "optimizer_steps": int(owner.gradient_state.optimizer_steps),
+                "optimizer_steps": self.optimizer_steps(),
                 "loaders": [loader.live_position() for loader in self.loaders]}
 
     def load(self, state: dict[str, Any]) -> None:
@@ -184,6 +223,7 @@ class LiveStep:
         for sched, saved in zip(owner._schedulers, state["schedulers"]):
             sched.scheduler.load_state_dict(saved)
         owner.gradient_state.optimizer_steps = int(state["optimizer_steps"])
+        owner._boundary_watch.restore_steps(int(state["optimizer_steps"]))
         for loader, saved in zip(self.loaders, state["loaders"]):
             loader.heal_live_position(saved)
 
@@ -206,6 +246,9 @@ def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
                       timeout=owner.state.timeout if getattr(owner.state, "timeout", None) else _default_timeout())
     live = LiveStep(run, group, owner, say=lambda line: print(line, flush=True))
     run.live = live
+    watch = owner._boundary_watch
+    if watch.save_periodic is not None:  # periodic checkpoints, for losing every machine at once
+        watch.save_periodic = live.first_machine_only(watch.save_periodic)
     live.watch_signals()
     atexit.register(group.close)
     return live

@@ -76,6 +76,9 @@ class LiveGroup:
         self._store: Any = None
         self._healed = False
         self.error: BaseException | None = None  # the last failure recorded (allreduce or commit)
+        # the optimizer steps done when this machine starts (a run resumed from a checkpoint): a machine behind the
+        # group's furthest heals from it, so machines that lost everything catch up with the one that read a file
+        self.resume_step = 0
 
     @property
     def started(self) -> bool:
@@ -104,6 +107,8 @@ class LiveGroup:
             checkpoint_transport=PGTransport(pg, timeout=self.timeout, device=torch_cpu()))
         for key, (save, load) in self._states.items():
             manager.register_state_dict_fn(key, self._loader(load), save)
+        if self.resume_step:
+            manager.load_state_dict({"step": int(self.resume_step), "batches_committed": 0})
         self._manager = manager
         return manager
 
