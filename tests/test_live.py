@@ -1,9 +1,10 @@
-"""Live recovery end to end (phase 1: DDP, one process per machine): two "machines" (two processes of
-tests/scripts/live_train.py, each its own one-process group) train one run under torchft's lighthouse; machine 1 is
-SIGKILLed inside a step and started again (through `hasten launch`: first stopped with SIGTERM, a graceful leave at the
-next step boundary, then SIGKILLed). The survivor never restarts, commits again within seconds, no optimizer step is
-trained twice, every sample once, and both end at the parameters of an uninterrupted run at the same global batch
-(MAX 2)."""
+"""Live recovery end to end, through `hasten launch --num_machines 1:2 --elastic_recovery live` on this host
+(loopback): two "machines" of tests/scripts/live_train.py train one run under torchft's lighthouse (in machine 0's
+launcher). Machine 1 is stopped with SIGTERM (a graceful leave at the next step boundary), started again, SIGKILLed
+inside a step and started again; with two processes a machine the same; and both machines are SIGKILLed at once, then
+resume from the newest periodic checkpoint. The survivors never restart, commit again within seconds, no optimizer step
+is trained twice (but the steps since the checkpoint when every machine is lost), every sample once, and they end at
+the parameters of an uninterrupted run at the same global batch (MAX machines)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def _committed_samples(*logs: Path) -> dict[int, list[int]]:
     """The sample ids of each committed optimizer step over `logs`; no process committed one step twice."""
     by_step: dict[int, list[int]] = {}
     for log in logs:
-        seen = [s for _, _, s, c, _, _ in _steps(log) if c]
+        seen = [(pid, s) for _, pid, s, c, _, _ in _steps(log) if c]
         assert len(seen) == len(set(seen)), f"{log.name}: a process committed one optimizer step twice"
         for _, _, s, c, _, ids in _steps(log):
             if c:
@@ -99,10 +100,20 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def uninterrupted(tmp_path_factory):
     """The uninterrupted run: one process dealing all M = 2 x 2 micro-batches of each step (no live group); its
     samples per committed optimizer step and its final parameters."""
+    return _reference(tmp_path_factory, ELASTIC)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_at_4(tmp_path_factory):
+    """The uninterrupted run of 2 machines x 2 processes: one process dealing all M = 4 x 2 micro-batches a step."""
+    return _reference(tmp_path_factory, {**ELASTIC, "max_processes": 4})
+
+
+def _reference(tmp_path_factory, elastic: dict) -> tuple[dict[int, list[int]], torch.Tensor, dict[int, set[str]]]:
     os.environ.setdefault("RUST_LOG", "warn")  # before torchft is imported: the in-process lighthouse's INFO lines
     pytest.importorskip("torchft")
     ref_dir = tmp_path_factory.mktemp("ref")
-    reference, ref_log = _start(ref_dir, "ref", LaunchSpec(elastic=ELASTIC))
+    reference, ref_log = _start(ref_dir, "ref", LaunchSpec(elastic=elastic))
     try:
         assert reference.wait(timeout=120) == 0, ref_log.read_text()[-3000:]
     finally:
@@ -112,71 +123,17 @@ def uninterrupted(tmp_path_factory):
     return ref_steps, torch.load(next(ref_dir.glob("final_*.pt"))), _learning_rates(ref_log)
 
 
-@pytest.mark.timeout(300)
-def test_a_machine_killed_inside_a_step_costs_the_survivor_no_restart(tmp_path, uninterrupted):
-    os.environ.setdefault("RUST_LOG", "warn")  # (the in-process lighthouse's INFO lines, one per quorum, otherwise)
-    pytest.importorskip("torchft")
-    from torchft.coordination import LighthouseServer
-
-    processes: list[subprocess.Popen] = []
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, quorum_tick_ms=100,
-                                  heartbeat_timeout_ms=1000)
-    try:
-        ref_steps, _, ref_rates = uninterrupted
-        live = lambda replica: LaunchSpec(elastic=ELASTIC, live={"lighthouse": lighthouse.address(),  # noqa: E731
-                                                                 "replica": replica, "min_replicas": 1})
-        survivor, log0 = _start(tmp_path, "machine0", live(0), STEP_SLEEP="0.1")
-        victim, log1 = _start(tmp_path, "machine1", live(1), STEP_SLEEP="0.1")
-        processes += [survivor, victim]
-        _wait(lambda: any(s >= 10 and p == 2 for _, _, s, c, p, _ in _steps(log1) if c), 120,
-              "machine 1 to commit step 10 in a group of 2", [log0, log1])
-        time.sleep(0.05)  # into the next step (its pause before the synchronising backward is 0.1 s)
-        os.killpg(victim.pid, signal.SIGKILL)
-        killed_at = time.time()
-        victim.wait()
-        time.sleep(2.0)
-        joiner, log1b = _start(tmp_path, "machine1-again", live(1), STEP_SLEEP="0.1")
-        restarted_at = time.time()
-        processes.append(joiner)
-        _wait(lambda: "DONE" in log0.read_text() and "DONE" in log1b.read_text(), 180, "both machines to finish",
-              [log0, log1, log1b])
-        assert survivor.wait(timeout=30) == 0 and joiner.wait(timeout=30) == 0
-
-        rows0, rows1b = _steps(log0), _steps(log1b)
-        # the survivor is the process it was: one start, one pid in all its lines
-        assert log0.read_text().count("START ") == 1 and {pid for _, pid, *_ in rows0} == {survivor.pid}
-        after = [t for t, _, _, c, _, _ in rows0 if c and t > killed_at]
-        recovery = after[0] - killed_at
-        failed = [s for t, _, s, c, _, _ in rows0 if not c]
-        joined = [t for t, _, _, c, p, _ in rows1b if c and p == 2]
-        # per committed step: every process's samples together are the uninterrupted run's, none twice
-        by_step, differing, errors = _against(uninterrupted, tmp_path, log0, log1, log1b)
-        print(f"\nsurvivor: failed attempts after the kill {len(failed)} (steps {failed}); first committed step "
-              f"+{recovery:.2f} s after the kill; joiner: first step in a group of 2 "
-              f"+{(joined[0] - restarted_at) if joined else float('nan'):.2f} s after its start; committed steps "
-              f"{len(by_step)} of {len(ref_steps)}; steps whose samples differ: {differing}; final relative error "
-              f"{', '.join(f'{e:.2e}' for e in errors)}")
-        assert recovery <= 5.0
-        assert sorted(by_step) == sorted(ref_steps) and not differing
-        assert _learning_rates(log0, log1, log1b) == ref_rates  # the LR of every optimizer step, on every process
-        assert len(errors) == 2 and max(errors) <= 1e-5
-        assert joined, "the restarted machine never trained in a group of 2"
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        lighthouse.shutdown()
-
-
 MARK = "HASTEN_TEST_LIVE_MACHINE"  # in the environment of every process of one "machine": what the kill looks for
 
 
-def _launch(out: Path, name: str, rank: int, port: int, mark: str, **extra: str) -> tuple[subprocess.Popen, Path]:
+def _launch(out: Path, name: str, rank: int, port: int, mark: str, per_machine: int = 1,
+            **extra: str) -> tuple[subprocess.Popen, Path]:
     """`hasten launch --elastic_recovery live` of one machine of two (all on this host, loopback)."""
     log = out / f"{name}.log"
     env = _env(out, LaunchSpec(), **{MARK: mark, **extra})
     env.pop(SPEC_ENV_VAR)  # the launcher makes the spec
-    command = [sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes", "2",
+    command = [sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes",
+               str(2 * per_machine),
                "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
                "--elastic_recovery", "live", str(SCRIPT)]
     process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -196,8 +153,8 @@ def _kill_machine(mark: str) -> int:
     return killed
 
 
-def _committed_in_pair(log: Path, after: float = 0.0, count: int = 1) -> bool:
-    return len([t for t, _, _, c, p, _ in _steps(log) if c and p == 2 and t > after]) >= count
+def _committed_in_pair(log: Path, after: float = 0.0, count: int = 1, per_machine: int = 1) -> bool:
+    return len([t for t, _, _, c, p, _ in _steps(log) if c and p == 2 * per_machine and t > after]) >= count
 
 
 @pytest.mark.timeout(400)
@@ -331,6 +288,68 @@ def test_losing_every_machine_at_once_resumes_from_the_newest_periodic_checkpoin
         assert sorted(by_step) == sorted(ref_steps) and not differing
         assert rates == ref_rates
         assert len(errors) == 2 and max(errors) <= 1e-5
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for mark in marks:
+            _kill_machine(mark)
+
+
+@pytest.mark.timeout(400)
+def test_two_processes_a_machine_survive_a_killed_and_a_stopped_machine(tmp_path, uninterrupted_at_4):
+    """2 machines x 2 processes (`--num_processes 4 --num_machines 1:2 --elastic_recovery live`): machine 1 SIGKILLed
+    inside a step (its launcher, agent and both workers), started again, then stopped with SIGTERM (both its processes
+    leave at the same step boundary). Machine 0's two processes never restart, and every committed step is the
+    uninterrupted run's at 4 processes."""
+    from hasten.launch.plan import find_free_port
+    from hasten.process.launch_spec import EXIT_PREEMPTED
+
+    ref_steps, ref_final, ref_rates = uninterrupted_at_4
+    port = find_free_port()
+    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
+    processes: list[subprocess.Popen] = []
+    try:
+        survivor, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], per_machine=2, STEP_SLEEP="0.25")
+        victim, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], per_machine=2, STEP_SLEEP="0.25")
+        processes += [survivor, victim]
+        _wait(lambda: _committed_in_pair(log1, count=16, per_machine=2), 180, "16 commits in a group of 4",
+              [log0, log1])
+        time.sleep(0.05)  # (inside a step)
+        killed = _kill_machine(marks[1])
+        killed_at = time.time()
+        victim.wait(timeout=30)
+        time.sleep(1.0)
+        returned, log1b = _launch(tmp_path, "machine1-again", 1, port, marks[1], per_machine=2, STEP_SLEEP="0.25")
+        returned_at = time.time()
+        processes.append(returned)
+        _wait(lambda: _committed_in_pair(log1b, count=6, per_machine=2), 120, "machine 1 back in a group of 4",
+              [log0, log1b])
+        time.sleep(0.05)
+        returned.send_signal(signal.SIGTERM)
+        stopped_at = time.time()
+        assert returned.wait(timeout=60) == EXIT_PREEMPTED, log1b.read_text()[-3000:]
+        _wait(lambda: "DONE" in log0.read_text(), 240, "machine 0 to finish", [log0, log1b])
+        assert survivor.wait(timeout=60) == 0, log0.read_text()[-3000:]
+
+        rows0 = _steps(log0)
+        assert log0.read_text().count("START ") == 2 and len({pid for _, pid, *_ in rows0}) == 2  # never restarted
+        committed0 = [t for t, _, _, c, _, _ in rows0 if c]
+        after_kill = next(t for t in committed0 if t > killed_at) - killed_at
+        after_stop = next(t for t in committed0 if t > stopped_at) - stopped_at
+        failed_stop = [s for t, _, s, c, _, _ in rows0 if not c and t > stopped_at]
+        joined = next(t for t, _, _, c, p, _ in _steps(log1b) if c and p == 4) - returned_at
+        by_step = _committed_samples(log0, log1, log1b)
+        differing = [s for s, ids in by_step.items() if sorted(ids) != ref_steps.get(s)]
+        errors = [_relative(torch.load(path), ref_final) for path in sorted(tmp_path.glob("final_*.pt"))]
+        print(f"\n2 machines x 2 processes: SIGKILL ({killed} processes) -> survivors' next commit +{after_kill:.2f} s; "
+              f"machine 1 back in a group of 4 +{joined:.2f} s after its command; SIGTERM -> +{after_stop:.2f} s, "
+              f"failed attempts {len(failed_stop)}; committed steps {len(by_step)} of {len(ref_steps)}; steps whose "
+              f"samples differ: {differing}; final relative error {', '.join(f'{e:.2e}' for e in errors)}")
+        assert after_kill <= 5.0 and after_stop <= 5.0 and not failed_stop
+        assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert _learning_rates(log0, log1, log1b) == ref_rates
+        assert len(errors) == 2 and max(errors) <= 1e-5  # (machine 0's two processes wrote theirs)
     finally:
         for process in processes:
             with contextlib.suppress(ProcessLookupError, PermissionError):

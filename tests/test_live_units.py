@@ -306,10 +306,13 @@ def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthous
     assert "lighthouse at http://127.0.0.1:29500" in plan.describe()
     # a worker that dies here may be restarted (it then heals from a peer): --max_restarts stays with the machine
     assert local_plan(_live_plan(max_restarts=2).validate(check_port=False)).restarts_by_launcher == 2
+    # two processes a machine: torch's agent starts them as the machine's group, on a local store of their own
+    pair = local_plan(_live_plan(num_processes=4).validate(check_port=False))
+    assert (pair.mode, pair.num_processes, pair.num_machines, pair.main_process_ip) == ("torchrun", 2, 1, "127.0.0.1")
+    assert pair.main_process_port not in (None, 29500) and pair.spec.elastic["processes_per_machine"] == 2
 
 
 @pytest.mark.parametrize("overrides, words", [
-    ({"num_processes": 4}, "one process per machine"),
     ({"min_machines": None, "num_machines": 2}, "--num_machines MIN:MAX"),
     ({"spec": LaunchSpec(deepspeed={"zero_stage": 2})}, "DeepSpeed"),
     ({"spec": LaunchSpec(fsdp={"fsdp_version": 2})}, "FSDP"),

@@ -19,7 +19,15 @@ from hasten.utils import set_seed
 
 OUT = os.environ["OUT"]
 SLEEP = float(os.environ.get("STEP_SLEEP", "0"))
-print(f"START {time.time():.3f} {os.getpid()}", flush=True)
+
+
+def say(line: str) -> None:
+    """One write per line: a machine's processes share the launcher's output, and a line must not be split."""
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
+
+
+say(f"START {time.time():.3f} {os.getpid()}")
 
 set_seed(0)
 PROJECT = os.environ.get("PROJECT")  # periodic checkpoints there, every SAVE_EVERY optimizer steps; resumed at start
@@ -53,12 +61,12 @@ for ids, x, y in loader:
     if sync:
         committed = int(accelerator.sync_gradients)
         processes = accelerator._elastic.world
-        print(f"STEP {time.time():.3f} {os.getpid()} {accelerator.gradient_state.optimizer_steps} {committed} "
-              f"{processes} {','.join(map(str, pending))} {scheduler.get_last_lr()[0]!r}", flush=True)
+        say(f"STEP {time.time():.3f} {os.getpid()} {accelerator.gradient_state.optimizer_steps} {committed} "
+              f"{processes} {','.join(map(str, pending))} {scheduler.get_last_lr()[0]!r}")
         pending = []
 
 flat = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()])
 torch.save(flat, os.path.join(OUT, f"final_{os.getpid()}.pt"))
-print(f"DONE {accelerator.gradient_state.optimizer_steps} {scheduler.get_last_lr()[0]:.8f}", flush=True)
+say(f"DONE {accelerator.gradient_state.optimizer_steps} {scheduler.get_last_lr()[0]:.8f}")
 sys.stdout.flush()
 os._exit(0)  # (torchft's manager threads need not be waited for; the lighthouse forgets this machine)

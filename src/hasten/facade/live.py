@@ -86,8 +86,10 @@ class LiveStep:
     `register_state`); `owner` the Accelerator whose prepared objects are sent to joiners. See the module doc.
     """
 
-    def __init__(self, run: ElasticRun, group: Any, owner: Any = None, say: Callable[[str], None] | None = None) -> None:
+    def __init__(self, run: ElasticRun, group: Any, owner: Any = None, say: Callable[[str], None] | None = None,
+                 local_rank: int = 0) -> None:
         self.run = run
+        self.local_rank = local_rank  # this process in its machine (each machine runs processes_per_machine)
         self.group = group
         self._owner = weakref.ref(owner) if owner is not None else (lambda: None)
         self.say = say if say is not None else (lambda line: print(line, flush=True))
@@ -123,14 +125,28 @@ class LiveStep:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
+    def _agreed_leave(self) -> int:
+        """The signal this machine leaves on at this boundary (0: it stays): with several processes, all of them
+        leave if any got one (one small all-reduce over the machine's group: else one would ask for a quorum its
+        machine's others never join)."""
+        mine = int(self.leaving or 0)
+        if self.run.sizes.processes_per_machine == 1:
+            return mine
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([mine], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
     def _leave(self, signum: int) -> None:
-        owner = self._owner()
         steps = self.optimizer_steps()
         self.release_signals()
         self.group.close()  # its heartbeat stops: the next quorum forms without it
         checkpoint = self._save_on_leave()  # (after leaving: nobody waits for it)
         stop = LeftLiveRun(signal.Signals(signum).name, steps, os.environ.get(MACHINE_ENV, "this machine"), checkpoint)
-        announce(stop, checkpoint, say=self.say)  # (launched: the launcher says the line and exits with EXIT_PREEMPTED)
+        if self.local_rank == 0:  # (launched: the launcher says the line and exits with EXIT_PREEMPTED)
+            announce(stop, checkpoint, say=self.say)
         raise stop
 
     def _save_on_leave(self) -> str:
@@ -143,16 +159,19 @@ class LiveStep:
     # -- the step --------------------------------------------------------------------------------
     def begin_step(self) -> LiveQuorum:
         """The loader's step boundary: this step's quorum sets the group size and rank (a joiner is healed inside)."""
-        if self.leaving is not None:  # (before asking: a member of the quorum that then left would fail its step)
-            self._leave(self.leaving)
+        leaving = self._agreed_leave()
+        if leaving:  # (before asking: a member of the quorum that then left would fail its step)
+            self._leave(leaving)
         if self.quorum is None:  # the first step: a run resumed from a checkpoint joins at the checkpoint's step
             self.group.resume_step = self.optimizer_steps()
         quorum = self.group.begin_step()
-        self.run.world, self.run.rank = quorum.processes(), quorum.rank()
+        per_machine = self.run.sizes.processes_per_machine
+        self.run.world, self.run.rank = quorum.processes(per_machine), quorum.rank(per_machine, self.local_rank)
         seconds = time.monotonic() - self._failed_since if self._failed_since is not None else None
         line = live_line(self.quorum, quorum, seconds, self._redone)
         if line is not None and (quorum.healed or (self.quorum is not None and quorum.replicas != self.quorum.replicas)):
-            self.say(line)
+            if self.local_rank == 0:  # (one line a machine)
+                self.say(line)
             self._redone = 0
         self.quorum, self._decided, self._failed_since = quorum, None, None
         return quorum
@@ -239,12 +258,21 @@ def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
 
     from ..process.live import LiveGroup
 
-    if owner.state.num_processes != 1:
-        raise ValueError("live recovery runs one process per machine in this version; launch with --num_processes 1 "
-                         "per machine, or without live recovery (checkpoint restarts).")
+    per_machine = run.sizes.processes_per_machine
+    if owner.state.num_processes != per_machine:
+        raise ValueError(f"live recovery runs each machine's {per_machine} process(es) as its own group, but this group "
+                         f"has {owner.state.num_processes}; launch with hasten launch --elastic_recovery live.")
     group = LiveGroup(settings.lighthouse, replica=settings.replica, min_replicas=settings.min_replicas,
-                      timeout=owner.state.timeout if getattr(owner.state, "timeout", None) else _default_timeout())
-    live = LiveStep(run, group, owner, say=lambda line: print(line, flush=True))
+                      timeout=owner.state.timeout if getattr(owner.state, "timeout", None) else _default_timeout(),
+                      rank=owner.state.local_process_index, world_size=per_machine)
+    if per_machine > 1:  # the machine's processes meet at a store its local rank 0 hosts (a collective of the machine)
+        import torch.distributed as dist
+
+        port = [group.host_store() if owner.state.local_process_index == 0 else None]
+        dist.broadcast_object_list(port, src=0)
+        group.store_port = int(port[0])
+    live = LiveStep(run, group, owner, say=lambda line: print(line, flush=True),
+                    local_rank=owner.state.local_process_index)
     run.live = live
     watch = owner._boundary_watch
     if watch.save_periodic is not None:  # periodic checkpoints, for losing every machine at once

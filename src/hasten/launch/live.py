@@ -6,13 +6,12 @@ live-recovery.md the design). Membership is torchft's lighthouse, not torch's c1
 
 - the machine with ``--machine_rank 0`` runs the lighthouse in its launcher process, bound where the rendezvous store
   would be (``--main_process_ip``:``--main_process_port``), so it outlives any worker of that machine;
-- every machine runs its one process as a *local*, non-elastic launch (`local_plan`: its own store on loopback,
+- every machine runs its processes as a *local*, non-elastic launch (`local_plan`: its own store on loopback,
   ``--max_restarts`` restarts of a process that dies here, which then heals from a peer); the launch spec carries
   the elastic sizes and ``live`` (lighthouse address, this machine's rank, MIN machines), so the worker takes the
   live path.
 
-Phase 1 refuses, in one sentence each (`live_problem`), what it cannot do yet: several processes per machine,
-DeepSpeed, FSDP, mpirun.
+It refuses, in one sentence each (`live_problem`), what it cannot do yet: DeepSpeed, FSDP, mpirun.
 
 Example:
     >>> from hasten.launch.plan import LaunchPlan
@@ -47,20 +46,15 @@ JOIN_TIMEOUT_MS = 2000  # how long a quorum waits for a machine that heartbeats 
 
 
 def live_problem(plan: Any) -> str | None:
-    """The one sentence that refuses a live plan phase 1 cannot run, or None.
+    """The one sentence that refuses a live plan this version cannot run, or None.
 
     Example:
         >>> from hasten.launch.plan import LaunchPlan
-        >>> live_problem(LaunchPlan(target="t.py", num_processes=4, num_machines=2, min_machines=1,
-        ...                         main_process_ip="h", live=True))  # doctest: +ELLIPSIS
-        '--elastic_recovery live runs one process per machine in this version, but this launch has 2 per machine; ...'
+        >>> live_problem(LaunchPlan(target="t.py", num_processes=4, num_machines=2, main_process_ip="h", live=True))
+        '--elastic_recovery live recovers an elastic run: give --num_machines MIN:MAX (such as 1:2), or drop --elastic_recovery live.'
     """
     if not plan.elastic:
         return f"{FLAG} recovers an elastic run: give --num_machines MIN:MAX (such as 1:2), or drop {FLAG}."
-    if plan.processes_per_machine > 1:
-        return (f"{FLAG} runs one process per machine in this version, but this launch has "
-                f"{plan.processes_per_machine} per machine; give --num_processes equal to the MAX machines, or use "
-                "--elastic_recovery restart.")
     for engine, flag in (("deepspeed", "--use_deepspeed"), ("fsdp", "--use_fsdp")):
         if getattr(plan.spec, engine) is not None:
             return (f"{FLAG} does not run {'DeepSpeed' if engine == 'deepspeed' else 'FSDP'} in this version; drop "
@@ -81,10 +75,11 @@ def lighthouse_address(plan: Any) -> str:
 
 
 def local_plan(plan: Any) -> Any:
-    """This machine's part of a live plan: one process, a local non-elastic launch that takes the live path.
+    """This machine's part of a live plan: its processes, a local non-elastic launch that takes the live path.
 
-    The process is a watched child of the launcher (heartbeats, the guardian, a stop forwarded), not torch's agent: the
-    agent's launcher imports torch before it starts the worker, a second a joining machine would wait.
+    One process is a watched child of the launcher (heartbeats, the guardian, a stop forwarded), not torch's agent: the
+    agent's launcher imports torch before it starts the worker, a second a joining machine would wait. Several are
+    started by torch's agent as one local group (its store on a free local port).
 
     Example:
         >>> from hasten.launch.plan import LaunchPlan
@@ -110,7 +105,7 @@ def local_plan(plan: Any) -> Any:
                 if name not in os.environ:
                     env.setdefault(name, interface)
     return dataclasses.replace(
-        plan, live=False, num_processes=1, num_machines=1, min_machines=None, machine_rank=0,
+        plan, live=False, num_processes=plan.processes_per_machine, num_machines=1, min_machines=None, machine_rank=0,
         main_process_ip="127.0.0.1", main_process_port=None, rdzv_backend="static", rdzv_conf=None, rdzv_id=None,
         rdzv_endpoint=None, through_torchrun=False, in_this_process=False, spec=spec, extra_env=env,
     ).validate(check_script=False)

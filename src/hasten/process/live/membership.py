@@ -65,9 +65,13 @@ class LiveGroup:
     """
 
     def __init__(self, lighthouse: str, replica: int = 0, min_replicas: int = 1,
-                 timeout: timedelta = timedelta(seconds=30), quorum_timeout: timedelta = timedelta(seconds=120)) -> None:
+                 timeout: timedelta = timedelta(seconds=30), quorum_timeout: timedelta = timedelta(seconds=120),
+                 rank: int = 0, world_size: int = 1, store_port: int | None = None) -> None:
         self.lighthouse = lighthouse
         self.replica_id = f"{int(replica):05d}"
+        # this process in its machine's group (the replica group): torchft's group rank and size; several processes
+        # meet at the store their local rank 0 hosts (`store_port`), one process hosts its own
+        self.rank, self.world_size, self.store_port = int(rank), int(world_size), store_port
         self.min_replicas = int(min_replicas)
         self.timeout = timeout
         self.quorum_timeout = quorum_timeout
@@ -96,13 +100,14 @@ class LiveGroup:
 
         os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust INFO lines would fill the terminal
         _quiet_flight_recorder()
-        # one process per machine: the replica group is this process alone, with a store of its own
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        if self.store_port is None:  # one process per machine: the replica group is this process, its store its own
+            self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            self.store_port = self._store.port
         pg = torchft.ProcessGroupGloo(timeout=self.timeout)
         manager = torchft.Manager(
             pg=pg, load_state_dict=None, state_dict=None, min_replica_size=self.min_replicas,
             use_async_quorum=False, timeout=self.timeout, quorum_timeout=self.quorum_timeout,
-            rank=0, world_size=1, store_addr="127.0.0.1", store_port=self._store.port,
+            rank=self.rank, world_size=self.world_size, store_addr="127.0.0.1", store_port=self.store_port,
             lighthouse_addr=self.lighthouse, replica_id=self.replica_id,
             checkpoint_transport=PGTransport(pg, timeout=self.timeout, device=torch_cpu()))
         for key, (save, load) in self._states.items():
@@ -149,6 +154,19 @@ class LiveGroup:
             self.error = err
             return False
 
+    def host_store(self) -> int:
+        """Host the replica group's store here (its local rank 0, before the others learn the port); returns the port.
+
+        Example:
+            >>> group = LiveGroup("localhost:29510", world_size=2); group.host_store() == group.store_port > 0
+            True
+        """
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.store_port = int(self._store.port)
+        return self.store_port
+
     def close(self) -> None:
         """Leave the group (the lighthouse forgets this machine when its heartbeat stops)."""
         if self._manager is not None:
@@ -166,12 +184,15 @@ class _NoFlightRecorderWarning(logging.Filter):
 
 def _quiet_flight_recorder() -> None:
     """Install the filter on torchft's manager logger once; silence its transport's FutureWarning about torch's
-    pytree (`LeafSpec`, deprecated by torch), printed at every heal and none of the user's doing."""
+    pytree (`LeafSpec`, deprecated by torch), printed at every heal, and torch's note on its receive buffer: none of
+    them the user's doing."""
     logger = logging.getLogger("torchft.manager")
     if not any(isinstance(f, _NoFlightRecorderWarning) for f in logger.filters):
         logger.addFilter(_NoFlightRecorderWarning())
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning,
                             module=r"torchft\.checkpointing\.pg_transport")
+    warnings.filterwarnings("ignore", message=r"The given buffer is not writable", category=UserWarning,
+                            module=r"torchft\.checkpointing\.pg_transport")  # (its receive buffer; torch's note)
 
 
 def torch_cpu() -> Any:
