@@ -306,6 +306,10 @@ def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthous
     assert "lighthouse at http://127.0.0.1:29500" in plan.describe()
     # a worker that dies here may be restarted (it then heals from a peer): --max_restarts stays with the machine
     assert local_plan(_live_plan(max_restarts=2).validate(check_port=False)).restarts_by_launcher == 2
+    # FSDP2 is run (sharded in each machine's group, replicated across machines), DeepSpeed is refused (below)
+    from hasten.launch.live import live_problem
+
+    assert live_problem(_live_plan(spec=LaunchSpec(fsdp={"fsdp_version": 2}))) is None
     # two processes a machine: torch's agent starts them as the machine's group, on a local store of their own
     pair = local_plan(_live_plan(num_processes=4).validate(check_port=False))
     assert (pair.mode, pair.num_processes, pair.num_machines, pair.main_process_ip) == ("torchrun", 2, 1, "127.0.0.1")
@@ -315,7 +319,6 @@ def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthous
 @pytest.mark.parametrize("overrides, words", [
     ({"min_machines": None, "num_machines": 2}, "--num_machines MIN:MAX"),
     ({"spec": LaunchSpec(deepspeed={"zero_stage": 2})}, "DeepSpeed"),
-    ({"spec": LaunchSpec(fsdp={"fsdp_version": 2})}, "FSDP"),
 ])
 def test_what_phase_1_cannot_do_is_refused_at_launch_naming_the_flag(torchft_present, overrides, words):
     from hasten.core.errors import LaunchError

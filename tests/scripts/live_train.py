@@ -2,7 +2,8 @@
 
 Nothing in the loop is live-specific: the launch spec (HASTEN_LAUNCH_SPEC) makes the run elastic (MAX 2) and live.
 Prints one line per step attempt: ``STEP <time> <pid> <optimizer steps> <committed 0/1> <P> <sample ids> <lr>``; at the
-end ``DONE <optimizer steps> <lr>``, and saves the flat parameters to $OUT/final_<pid>.pt. STEP_SLEEP pauses before
+end ``DONE <optimizer steps> <lr>``, and saves the flat parameters to $OUT/final_<pid>.pt (ENGINE=fsdp: FSDP2 in each
+machine's group; the machine's main process saves them). STEP_SLEEP pauses before
 each step's synchronising backward (where the test's kill lands: inside a step). With PROJECT, periodic checkpoints
 (every SAVE_EVERY optimizer steps) go there, and the run resumes from the newest one at its start.
 """
@@ -14,7 +15,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration
+from hasten import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin, ProjectConfiguration
 from hasten.utils import set_seed
 
 OUT = os.environ["OUT"]
@@ -33,8 +34,10 @@ set_seed(0)
 PROJECT = os.environ.get("PROJECT")  # periodic checkpoints there, every SAVE_EVERY optimizer steps; resumed at start
 project = ProjectConfiguration(PROJECT, automatic_checkpoint_naming=True,
                                save_every_n_steps=int(os.environ["SAVE_EVERY"])) if PROJECT else None
+# ENGINE=fsdp: FSDP2 in each machine's group (sharded within a machine, replicated across machines)
+engine = {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)} if os.environ.get("ENGINE") == "fsdp" else {}
 accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, project_config=project,
-                          dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=bool(PROJECT)))
+                          dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=bool(PROJECT)), **engine)
 model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.05 * s))
@@ -65,8 +68,10 @@ for ids, x, y in loader:
               f"{processes} {','.join(map(str, pending))} {scheduler.get_last_lr()[0]!r}")
         pending = []
 
-flat = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()])
-torch.save(flat, os.path.join(OUT, f"final_{os.getpid()}.pt"))
+state = accelerator.get_state_dict(model)  # (whole, from the shards under FSDP2: on the machine's main process)
+if state:
+    flat = torch.cat([value.detach().flatten() for value in state.values()])
+    torch.save(flat, os.path.join(OUT, f"final_{os.getpid()}.pt"))
 say(f"DONE {accelerator.gradient_state.optimizer_steps} {scheduler.get_last_lr()[0]:.8f}")
 sys.stdout.flush()
 os._exit(0)  # (torchft's manager threads need not be waited for; the lighthouse forgets this machine)

@@ -148,6 +148,8 @@ class ElasticRun:
             for model, args, model_kwargs in list(self._forwards.values()):
                 strategy.filler_step(model, lambda: _zero_loss(strategy, model, args, model_kwargs))
         self.short_by = 0
+        if self.live is not None:  # (a live pass owes no fillers: a machine's processes take as many micro-batches)
+            self.live.reduce()
 
     def set_accumulation(self, steps: int, strategy: Strategy) -> None:
         """`accelerator.gradient_accumulation_steps = steps` in an elastic run: the recipe's accumulation at MAX."""

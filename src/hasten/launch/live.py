@@ -11,7 +11,8 @@ live-recovery.md the design). Membership is torchft's lighthouse, not torch's c1
   the elastic sizes and ``live`` (lighthouse address, this machine's rank, MIN machines), so the worker takes the
   live path.
 
-It refuses, in one sentence each (`live_problem`), what it cannot do yet: DeepSpeed, FSDP, mpirun.
+It refuses, in one sentence each (`live_problem`), what it cannot do yet: DeepSpeed, mpirun. FSDP2 runs sharded within
+each machine's group and replicated across machines (HSDP).
 
 Example:
     >>> from hasten.launch.plan import LaunchPlan
@@ -55,10 +56,8 @@ def live_problem(plan: Any) -> str | None:
     """
     if not plan.elastic:
         return f"{FLAG} recovers an elastic run: give --num_machines MIN:MAX (such as 1:2), or drop {FLAG}."
-    for engine, flag in (("deepspeed", "--use_deepspeed"), ("fsdp", "--use_fsdp")):
-        if getattr(plan.spec, engine) is not None:
-            return (f"{FLAG} does not run {'DeepSpeed' if engine == 'deepspeed' else 'FSDP'} in this version; drop "
-                    f"{flag}, or use --elastic_recovery restart.")
+    if plan.spec.deepspeed is not None:  # (FSDP2 runs: sharded in each machine, replicated across machines)
+        return f"{FLAG} does not run DeepSpeed in this version; drop --use_deepspeed, or use --elastic_recovery restart."
     if plan.mpirun:
         return f"{FLAG} starts each machine's process with torch's agent, not mpirun; drop --mpirun."
     if find_spec("torchft") is None:

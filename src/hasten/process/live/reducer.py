@@ -64,7 +64,9 @@ class LiveReducer:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
+            # a sharded gradient (FSDP2 within the machine: a DTensor) is averaged as this process's shard, with the
+            # same shard of every other machine (HSDP: sharded in the machine, replicated across machines)
+            grads.append(getattr(p.grad, "_local_tensor", p.grad))
         flat = torch.cat([g.reshape(-1) for g in grads])
         ok = self.group.allreduce(flat)
         offset = 0
