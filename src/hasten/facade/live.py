@@ -55,8 +55,8 @@ __all__ = ["LiveStep", "LeftLiveRun", "start_live"]
 class LeftLiveRun(Preempted):
     """Raised at a step boundary of a live run after SIGTERM/SIGUSR1: this machine left, the others go on in memory.
 
-    It ends the process like a preemption (quiet, exit code `EXIT_PREEMPTED`), but nothing was saved: the machines
-    left hold the state, and a machine that starts its command again heals from them.
+    It ends the process like a preemption (quiet, exit code `EXIT_PREEMPTED`), but no checkpoint is needed: the
+    machines left hold the state, and a machine that starts its command again heals from them.
 
     With automatic checkpoint naming, the first machine of the last quorum also saves its state on the way out (the
     others do not wait for it): when every machine is stopped at once (a cancelled job), the run resumes from there
@@ -266,11 +266,12 @@ def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
                       timeout=owner.state.timeout if getattr(owner.state, "timeout", None) else _default_timeout(),
                       rank=owner.state.local_process_index, world_size=per_machine)
     if per_machine > 1:  # the machine's processes meet at a store its local rank 0 hosts (a collective of the machine)
+        import torch
         import torch.distributed as dist
 
-        port = [group.host_store() if owner.state.local_process_index == 0 else None]
-        dist.broadcast_object_list(port, src=0)
-        group.store_port = int(port[0])
+        port = torch.tensor([group.host_store() if owner.state.local_process_index == 0 else 0], dtype=torch.int64)
+        dist.broadcast(port, src=0)
+        group.store_port = int(port.item())
     live = LiveStep(run, group, owner, say=lambda line: print(line, flush=True),
                     local_rank=owner.state.local_process_index)
     run.live = live
