@@ -153,6 +153,23 @@ def _kill_machine(mark: str) -> int:
     return killed
 
 
+@contextlib.contextmanager
+def _machines(tmp_path: Path):
+    """(port, each machine's mark, the launchers started): every process of both machines is SIGKILLed at the end."""
+    from hasten.launch.plan import find_free_port
+
+    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
+    processes: list[subprocess.Popen] = []
+    try:
+        yield find_free_port(), marks, processes
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for mark in marks:
+            _kill_machine(mark)
+
+
 def _committed_in_pair(log: Path, after: float = 0.0, count: int = 1, per_machine: int = 1) -> bool:
     return len([t for t, _, _, c, p, _ in _steps(log) if c and p == 2 * per_machine and t > after]) >= count
 
@@ -163,14 +180,10 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
     lighthouse; machine 1's launcher gets SIGTERM inside a step (a graceful leave: it finishes the step, leaves at the
     boundary, exits with 75), its command is started again, then its launcher and worker are SIGKILLed inside a step
     and its command is started again."""
-    from hasten.launch.plan import find_free_port
     from hasten.process.launch_spec import EXIT_PREEMPTED
 
     ref_steps, _, ref_rates = uninterrupted
-    port = find_free_port()
-    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
-    processes: list[subprocess.Popen] = []
-    try:
+    with _machines(tmp_path) as (port, marks, processes):
         survivor, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], STEP_SLEEP="0.15")
         victim, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], STEP_SLEEP="0.15")
         processes += [survivor, victim]
@@ -230,12 +243,6 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
         assert len(trained) == len(set(trained)) == sum(len(ids) for ids in ref_steps.values())
         assert len(errors) == 2 and max(errors) <= 1e-5
         assert max(joined) <= 5.0, f"machine 1 joined {joined} s after its command"
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        for mark in marks:
-            _kill_machine(mark)
 
 
 @pytest.mark.timeout(300)
@@ -246,14 +253,11 @@ def test_losing_every_machine_at_once_resumes_from_the_newest_periodic_checkpoin
     run."""
     from hasten.checkpointing.commit import read_manifest
     from hasten.checkpointing.project import latest_checkpoint
-    from hasten.launch.plan import find_free_port
 
     ref_steps, _, ref_rates = uninterrupted
-    port, project = find_free_port(), tmp_path / "project"
-    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
+    project = tmp_path / "project"
     settings = dict(STEP_SLEEP="0.1", PROJECT=str(project), SAVE_EVERY="10")
-    processes: list[subprocess.Popen] = []
-    try:
+    with _machines(tmp_path) as (port, marks, processes):
         first = [_launch(tmp_path, f"machine{rank}", rank, port, marks[rank], **settings) for rank in (0, 1)]
         processes += [process for process, _ in first]
         logs = [log for _, log in first]
@@ -288,12 +292,6 @@ def test_losing_every_machine_at_once_resumes_from_the_newest_periodic_checkpoin
         assert sorted(by_step) == sorted(ref_steps) and not differing
         assert rates == ref_rates
         assert len(errors) == 2 and max(errors) <= 1e-5
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        for mark in marks:
-            _kill_machine(mark)
 
 
 @pytest.mark.timeout(400)
@@ -304,14 +302,10 @@ def test_two_processes_a_machine_survive_a_killed_and_a_stopped_machine(tmp_path
     leave at the same step boundary). Machine 0's two processes never restart, and every committed step is the
     uninterrupted run's at 4 processes. Under FSDP2 each machine's two processes shard the model and the machines
     replicate it (HSDP): the returning machine's shards come from machine 0's."""
-    from hasten.launch.plan import find_free_port
     from hasten.process.launch_spec import EXIT_PREEMPTED
 
     ref_steps, ref_final, ref_rates = uninterrupted_at_4
-    port = find_free_port()
-    marks = [f"{tmp_path}/machine{rank}" for rank in (0, 1)]
-    processes: list[subprocess.Popen] = []
-    try:
+    with _machines(tmp_path) as (port, marks, processes):
         settings = dict(per_machine=2, STEP_SLEEP="0.15", ENGINE=engine)
         survivor, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], **settings)
         victim, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], **settings)
@@ -353,9 +347,3 @@ def test_two_processes_a_machine_survive_a_killed_and_a_stopped_machine(tmp_path
         assert sorted(by_step) == sorted(ref_steps) and not differing
         assert _learning_rates(log0, log1, log1b) == ref_rates
         assert len(errors) == (2 if engine == "ddp" else 1) and max(errors) <= 1e-5  # (FSDP2: its main process)
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        for mark in marks:
-            _kill_machine(mark)
