@@ -272,7 +272,14 @@ def test_torchfts_flight_recorder_warning_is_not_repeated_at_every_group_change(
     with caplog.at_level(logging.WARNING, logger="torchft.manager"):
         logger.warning("[00000:x/0 - step 19] Unable to reset NCCL flight recorder recording so traces will be incorrect.")
         logger.warning("[00000:x/0 - step 19] something else")
-    assert [r.getMessage() for r in caplog.records] == ["[00000:x/0 - step 19] something else"]
+        try:
+            raise RuntimeError("Connection closed by peer [127.0.0.1]:19875")
+        except RuntimeError as lost:  # (a peer killed inside the step's all-reduce: one line, no traceback)
+            logger.exception(f"[00000:x/0 - step 20] got exception waiting for work {lost}")
+    assert [r.getMessage() for r in caplog.records] == [
+        "[00000:x/0 - step 19] something else",
+        "[00000:x/0 - step 20] got exception waiting for work Connection closed by peer [127.0.0.1]:19875"]
+    assert "Traceback" not in caplog.text
 
 
 # ------------------------------------------------------------------------------- the launcher's side (no processes)

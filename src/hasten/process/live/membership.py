@@ -176,10 +176,15 @@ class LiveGroup:
 
 class _NoFlightRecorderWarning(logging.Filter):
     """Drops torchft's "Unable to reset NCCL flight recorder" warning: a torch without NCCL's flight recorder (every
-    CPU build) has no trace to reset, and torchft says so at every change of the group."""
+    CPU build) has no trace to reset, and torchft says so at every change of the group. Its line for a collective
+    lost with a peer ("got exception waiting for work ... Connection closed by peer") is kept, without the traceback
+    through torchft's internals that came with it (the run goes on; hasten's line says what changed)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Unable to reset NCCL flight recorder" not in record.getMessage()
+        message = record.getMessage()
+        if "got exception waiting for work" in message:
+            record.exc_info, record.exc_text = None, None
+        return "Unable to reset NCCL flight recorder" not in message
 
 
 def _quiet_flight_recorder() -> None:
