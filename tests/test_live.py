@@ -344,6 +344,7 @@ def test_two_processes_a_machine_survive_a_killed_and_a_stopped_machine(tmp_path
               f"machine 1 back in a group of 4 +{joined:.2f} s after its command; SIGTERM -> +{after_stop:.2f} s, "
               f"failed attempts {len(failed_stop)}; committed steps {len(by_step)} of {len(ref_steps)}; steps whose "
               f"samples differ: {differing}; final relative error {', '.join(f'{e:.2e}' for e in errors)}")
+        assert "Traceback" not in log0.read_text(), log0.read_text()[-3000:]  # (torchft's, at the kill: one line)
         assert after_kill <= 5.0 and after_stop <= 5.0 and not failed_stop
         assert sorted(by_step) == sorted(ref_steps) and not differing
         assert _learning_rates(log0, log1, log1b) == ref_rates
