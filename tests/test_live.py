@@ -288,7 +288,11 @@ def test_losing_every_machine_at_once_resumes_from_the_newest_periodic_checkpoin
               f"{newest.name} (step {saved}) by both commands started again, {reached - saved} step(s) redone; committed "
               f"steps {len(by_step)} of {len(ref_steps)}; steps whose samples differ: {differing}; final relative "
               f"error {', '.join(f'{e:.2e}' for e in errors)}")
-        assert all(f"resumed from {newest}" in log.read_text() for log in logs_again)
+        # each command started again resumed from the folder's newest checkpoint when it started (machine 0 may
+        # have written a newer one by the time a slower machine 1 reads the folder), one of them from `newest`
+        resumed = [log.read_text() for log in logs_again]
+        assert all(f"resumed from {project / 'checkpoints'}/checkpoint_" in text for text in resumed), resumed[-1][-3000:]
+        assert any(f"resumed from {newest}." in text for text in resumed)
         assert min(after) == saved + 1 and 0 <= reached - saved <= 10  # only the steps since the checkpoint again
         assert sorted(by_step) == sorted(ref_steps) and not differing
         assert rates == ref_rates

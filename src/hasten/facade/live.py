@@ -130,7 +130,7 @@ class LiveStep:
         leave if any got one (one small all-reduce over the machine's group: else one would ask for a quorum its
         machine's others never join)."""
         mine = int(self.leaving or 0)
-        if self.run.sizes.processes_per_machine == 1:
+        if (self.run.sizes.processes_per_machine or 1) == 1:
             return mine
         import torch
         import torch.distributed as dist
@@ -165,7 +165,7 @@ class LiveStep:
         if self.quorum is None:  # the first step: a run resumed from a checkpoint joins at the checkpoint's step
             self.group.resume_step = self.optimizer_steps()
         quorum = self.group.begin_step()
-        per_machine = self.run.sizes.processes_per_machine
+        per_machine = self.run.sizes.processes_per_machine or 1
         self.run.world, self.run.rank = quorum.processes(per_machine), quorum.rank(per_machine, self.local_rank)
         seconds = time.monotonic() - self._failed_since if self._failed_since is not None else None
         line = live_line(self.quorum, quorum, seconds, self._redone)
@@ -258,7 +258,7 @@ def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
 
     from ..process.live import LiveGroup
 
-    per_machine = run.sizes.processes_per_machine
+    per_machine = run.sizes.processes_per_machine or 1
     if owner.state.num_processes != per_machine:
         raise ValueError(f"live recovery runs each machine's {per_machine} process(es) as its own group, but this group "
                          f"has {owner.state.num_processes}; launch with hasten launch --elastic_recovery live.")
