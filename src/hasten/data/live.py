@@ -119,9 +119,7 @@ def live_pass(loader: Any, elastic: Any, live: Any, position: Any) -> Iterator[A
             cursor.yielded += 1
             cursor.handed_out += 1
             yield batch
-            state = loader.gradient_state  # (the hook removes itself once it has nothing left to do: read each time)
-            if state is not None and state.boundary_hook is not None and cursor.training:
-                state.boundary_hook(loader)  # asked for the next batch: steps counted, a periodic save when due
+            loader._at_boundary()  # asked for the next batch: steps counted, a periodic save when due
             if live.redo:
                 break
         if live.redo:  # the step did not commit: the same step again, at the size of the next quorum

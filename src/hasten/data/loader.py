@@ -276,12 +276,11 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # batches from a generator, not torch's iterator
         cursor, state = self.cursor, self.gradient_state
-        if state is not None and state.boundary_hook is not None and cursor.training:
-            state.boundary_hook(self)  # asked for the first batch: a preemption point
+        self._at_boundary()  # asked for the first batch: a preemption point
         elastic = self._elastic
         if elastic is not None:  # a training pass is dealt in micro-batches, another one sharded plainly
             elastic.begin_pass(cursor.training)
-        live = getattr(elastic.source, "live", None) if elastic is not None else None
+        live = self._live_run()
         if live is not None and elastic is not None and elastic.dealt():  # a live run: each step at its quorum's size
             position = self.begin()
             try:
@@ -316,9 +315,7 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
                 cursor.yielded += 1
                 cursor.handed_out += 1
                 yield batch
-                # read each time: the hook removes itself once it has nothing left to do
-                if state is not None and state.boundary_hook is not None and cursor.training:
-                    state.boundary_hook(self)  # asked for the next batch: a preemption point
+                self._at_boundary()  # asked for the next batch: a preemption point
                 current = following
             cursor.epoch, cursor.yielded = cursor.epoch + 1, 0
             if elastic is not None:
@@ -342,7 +339,7 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         elastic, cursor = self._elastic, self.cursor
         if elastic is None or not elastic.dealt() or elastic.batch_size is None:
             return super()._saved_position()
-        if self._in_live_run():  # the steps the pass has done (the group's size may have changed within the pass)
+        if self._live_run() is not None:  # the steps the pass has done (the group's size may have changed within the pass)
             stepped = cursor.yielded > 0 and self._optimizer_steps() > self._steps_at_handout
             return self._live.steps_done(stepped) * elastic.layout.micro_batches, elastic.batch_size
         if not cursor.yielded:  # nothing handed out since a restored position (or the pass's start)
@@ -352,15 +349,23 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         total = elastic.micro_batches_per_pass()
         return elastic.layout.step_start(done, total, stepped), elastic.batch_size
 
-    def _in_live_run(self) -> bool:
-        return self._elastic is not None and getattr(self._elastic.source, "live", None) is not None
+    def _live_run(self) -> Any:
+        """The live run's step rule (`hasten.facade.live.LiveStep`) this loader deals for, or None."""
+        return getattr(self._elastic.source, "live", None) if self._elastic is not None else None
+
+    def _at_boundary(self) -> None:
+        """A batch boundary of a training pass: the gradient state's hook, read each time (it removes itself once it
+        has nothing left to do): preemption, steps counted, a periodic save when due."""
+        state = self.gradient_state
+        if state is not None and state.boundary_hook is not None and self.cursor.training:
+            state.boundary_hook(self)
 
     def load_position(self, state: dict[str, Any], restore_position: bool = True) -> None:
         """As `LoaderPositionMixin.load_position`; in a live run the training pass resumes at the saved step (the
         group deals each step at the size its quorum gives, so no batches are skipped ahead of time)."""
         super().load_position(state, restore_position)
         elastic = self._elastic
-        if restore_position and self._in_live_run() and elastic is not None and elastic.dealt() and \
+        if restore_position and self._live_run() is not None and elastic is not None and elastic.dealt() and \
                 elastic.batch_size is not None:
             samples = int(state["yielded"]) * int(state.get("global_batch_size") or 0)
             self._live.step = samples // (elastic.batch_size * elastic.layout.micro_batches)

@@ -95,14 +95,12 @@ class LiveGroup:
 
     def _start(self) -> Any:
         torchft = _torchft()
-        import torch.distributed as dist
         from torchft.checkpointing.pg_transport import PGTransport
 
         os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust INFO lines would fill the terminal
         _quiet_flight_recorder()
         if self.store_port is None:  # one process per machine: the replica group is this process, its store its own
-            self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-            self.store_port = self._store.port
+            self.host_store()
         pg = torchft.ProcessGroupGloo(timeout=self.timeout)
         manager = torchft.Manager(
             pg=pg, load_state_dict=None, state_dict=None, min_replica_size=self.min_replicas,
