@@ -142,6 +142,25 @@ def test_root_cause_skips_ranks_stopped_by_the_launcher():
     assert root_cause(failures)[0] == 1
 
 
+def test_an_error_file_a_stopped_worker_left_half_written_is_no_root_cause(tmp_path):
+    """Seen in CI: rank 0, stopped while writing its error file, left it empty; the launcher raised JSONDecodeError."""
+    import json
+
+    from hasten.launch.failures import all_failures, failure_summary
+
+    attempt = tmp_path / "run_x" / "attempt_0"
+    (attempt / "0").mkdir(parents=True)
+    (attempt / "1").mkdir()
+    (attempt / "0" / "error.json").write_text("")  # cut short by the stop
+    (attempt / "1" / "error.json").write_text(json.dumps({"message": {
+        "message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "100"}}}))
+    found = all_failures({}, str(tmp_path), first_rank=0)
+    assert sorted(found) == [0, 1]
+    assert root_cause(found)[0] == 1
+    assert failure_summary(found, 2) == ("hasten launch: rank 1 of 2 failed with ValueError: boom (traceback above); "
+                                         "1 other rank(s) ended too: 0.")
+
+
 def test_failure_summary_wording():
     import signal
 

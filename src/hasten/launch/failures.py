@@ -9,8 +9,10 @@ root cause is worth showing.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
+import time
 from typing import Any, Mapping
 
 from ..process.exit import PEER_LOST_MARKERS, is_peer_lost  # what a rank that lost a peer reports
@@ -26,10 +28,12 @@ def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:
     ranks that lost a peer as failures too, often within the same second
     as the real one; those rank last, then earlier timestamps first.
     """
-    def collateral(item: tuple[int, Any]) -> tuple[bool, bool, float, int]:
+    def collateral(item: tuple[int, Any]) -> tuple[bool, bool, bool, float, int]:
         rank, failure = item
         stopped = getattr(failure, "exitcode", 1) == -signal.SIGTERM
-        return stopped, is_peer_lost(failure_message(failure)), getattr(failure, "timestamp", 0), rank
+        message = failure_message(failure)
+        silent = not message or message.startswith("To enable traceback")  # torch's placeholder: no error file
+        return stopped, is_peer_lost(message), silent, getattr(failure, "timestamp", 0), rank
 
     return min(failures.items(), key=collateral)
 
@@ -46,7 +50,9 @@ def all_failures(failures: Mapping[int, Any], log_dir: str, first_rank: int) -> 
     """Every failed worker of the last attempt: the agent reports only the first one it saw die.
 
     The others are read from their error files (``<log_dir>/<run>/attempt_K/<local rank>/error.json``);
-    `first_rank` is the global rank of this machine's local rank 0.
+    `first_rank` is the global rank of this machine's local rank 0. A file a stopped worker was still
+    writing (empty or cut short) counts as no file: the launcher reports the run's failure, never a
+    JSONDecodeError of its own.
     """
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # torch: only when used
 
@@ -58,10 +64,25 @@ def all_failures(failures: Mapping[int, Any], log_dir: str, first_rank: int) -> 
     for path in glob.glob(os.path.join(last, "*", "error.json")):
         local_rank = os.path.basename(os.path.dirname(path))
         if local_rank.isdigit() and first_rank + int(local_rank) not in found:
+            readable = path if _complete_json(path) else "<N/A>"  # torch reads the file again itself
             found[first_rank + int(local_rank)] = ProcessFailure(
-                local_rank=int(local_rank), pid=-1, exitcode=1, error_file=path
+                local_rank=int(local_rank), pid=-1, exitcode=1, error_file=readable
             )
     return found
+
+
+def _complete_json(path: str, wait: float = 1.0) -> bool:
+    """Whether `path` holds a whole JSON document, waiting up to `wait` seconds for a writer to finish it."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                json.load(handle)
+            return True
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def error_and_traceback(failure: Any) -> tuple[str, str]:
