@@ -311,7 +311,9 @@ def test_two_processes_a_machine_survive_a_killed_and_a_stopped_machine(tmp_path
 
     ref_steps, ref_final, ref_rates = uninterrupted_at_4
     with _machines(tmp_path) as (port, marks, processes):
-        settings = dict(per_machine=2, STEP_SLEEP="0.15", ENGINE=engine)
+        pace = tmp_path / "pace"  # the pause a step (below: slower while machine 1 rejoins, none once it left)
+        pace.write_text("0.15")
+        settings = dict(per_machine=2, STEP_SLEEP="0.15", ENGINE=engine, PACE_FILE=str(pace))
         survivor, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], **settings)
         victim, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], **settings)
         processes += [survivor, victim]
@@ -320,6 +322,7 @@ def test_two_processes_a_machine_survive_a_killed_and_a_stopped_machine(tmp_path
         time.sleep(0.05)  # (inside a step)
         killed = _kill_machine(marks[1])
         killed_at = time.time()
+        pace.write_text("0.4")  # 64 steps in all: a join slowed by a loaded machine (CI: ~10 s) still finds steps left
         victim.wait(timeout=30)
         time.sleep(1.0)
         returned, log1b = _launch(tmp_path, "machine1-again", 1, port, marks[1], **settings)
@@ -331,6 +334,7 @@ def test_two_processes_a_machine_survive_a_killed_and_a_stopped_machine(tmp_path
         returned.send_signal(signal.SIGTERM)
         stopped_at = time.time()
         assert returned.wait(timeout=60) == EXIT_PREEMPTED, log1b.read_text()[-3000:]
+        pace.write_text("0")
         _wait(lambda: "DONE" in log0.read_text(), 240, "machine 0 to finish", [log0, log1b])
         assert survivor.wait(timeout=60) == 0, log0.read_text()[-3000:]
 

@@ -4,7 +4,9 @@ Nothing in the loop is live-specific: the launch spec (HASTEN_LAUNCH_SPEC) makes
 Prints one line per step attempt: ``STEP <time> <pid> <optimizer steps> <committed 0/1> <P> <sample ids> <lr>``; at the
 end ``DONE <optimizer steps> <lr>``, and saves the flat parameters to $OUT/final_<pid>.pt (ENGINE=fsdp: FSDP2 in each
 machine's group; the machine's main process saves them). STEP_SLEEP pauses before
-each step's synchronising backward (where the test's kill lands: inside a step). With PROJECT, periodic checkpoints
+each step's synchronising backward (where the test's kill lands: inside a step); with PACE_FILE, the pause is read from
+that file at each step (a test slows the survivors while a machine rejoins, so a loaded machine's join still lands
+before the run ends, and speeds them up once it is over). With PROJECT, periodic checkpoints
 (every SAVE_EVERY optimizer steps) go there, and the run resumes from the newest one at its start.
 """
 
@@ -20,6 +22,18 @@ from hasten.utils import set_seed
 
 OUT = os.environ["OUT"]
 SLEEP = float(os.environ.get("STEP_SLEEP", "0"))
+PACE_FILE = os.environ.get("PACE_FILE")
+
+
+def pause() -> float:
+    """The pause before this step's synchronising backward (PACE_FILE's number when there is one)."""
+    if PACE_FILE:
+        try:
+            with open(PACE_FILE) as handle:
+                return float(handle.read() or SLEEP)
+        except (OSError, ValueError):
+            pass
+    return SLEEP
 
 
 def say(line: str) -> None:
@@ -53,8 +67,8 @@ pending = []
 for ids, x, y in loader:
     with accelerator.accumulate(model):
         loss = torch.nn.functional.mse_loss(model(x), y)
-        if accelerator.sync_gradients and SLEEP:
-            time.sleep(SLEEP)  # (the test's pause: its kill lands inside a step)
+        if accelerator.sync_gradients and pause():
+            time.sleep(pause())  # (the test's pause: its kill lands inside a step)
         accelerator.backward(loss)
         pending += ids.tolist()
         sync = accelerator.sync_gradients
