@@ -7,7 +7,8 @@ next step changes anything, so both folders must hold the same bytes. The
 training thread goes on (next step) while the asynchronous save writes.
 With --end-right-after the script returns right after its last asynchronous
 save, without waiting: the end of the run must wait for it.
-Writes OUT/rank{R}.json with the async handles' types and each save's time.
+Writes OUT/rank{R}.json with the async handles' types, each save's time, and the bytes of the copy buffers the
+process kept from its previous asynchronous save (only a process that writes the parameters needs them).
 """
 
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from hasten import Accelerator
+from hasten.checkpointing import snapshot
 from hasten.utils import set_seed
 
 out = Path(sys.argv[1])
@@ -30,7 +32,7 @@ scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
 data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 1))
 loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
 model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-report = {"sync_s": [], "async_s": [], "is_str": True}
+report = {"sync_s": [], "async_s": [], "is_str": True, "copy_buffer_bytes": []}
 handles = []
 for step, (x, y) in enumerate(loader):
     loss = torch.nn.functional.mse_loss(model(x), y)
@@ -41,6 +43,8 @@ for step, (x, y) in enumerate(loader):
     start = time.perf_counter()
     accelerator.save_state(out / "sync" / f"step_{step}")
     report["sync_s"].append(time.perf_counter() - start)
+    # (the synchronous save waited for the previous asynchronous one: its buffers are back in the pool)
+    report["copy_buffer_bytes"].append(sum(b.nbytes() for kept in snapshot._pool.values() for b in kept))
     start = time.perf_counter()
     handle = accelerator.save_state(out / "async" / f"step_{step}", async_save=True)
     report["async_s"].append(time.perf_counter() - start)

@@ -409,7 +409,9 @@ def _save(saveset: SaveSet, target: Path, automatic: bool, safe_serialization: b
         snapshot = Snapshot(())
         shards: Callable[[], dict[str, int]] | None = None
         try:  # references and the small state now; the parameters and optimizer state on the writer thread
-            snapshot = Snapshot(_guarded(saveset, optimizer_states))
+            # only a process that writes the parameters and optimizer state copies them (the others' buffers would
+            # be memory and a copy for nothing: under DDP, every process but the main one)
+            snapshot = Snapshot(_guarded(saveset, optimizer_states) if publisher else ())
             items = _captured(saveset, publisher, weights, optimizer_states, snapshot.take)
             if sharded:  # last (nothing after it can fail): the engine copies its shards now, writes them meanwhile
                 staging.mkdir(parents=True, exist_ok=True)
