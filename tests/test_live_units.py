@@ -93,7 +93,7 @@ class FakeGroup:
 
 
 def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = True, num_workers: int = 0,
-           project=None, resume: str | None = None):
+           project=None, resume: str | None = None, batchnorm: bool = False):
     """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params).
     `project`: the `ProjectConfiguration`; `resume`: a checkpoint loaded before the loop."""
     spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
@@ -106,7 +106,8 @@ def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = 
     # (a resumed loader continues where the checkpoint was taken: Accelerate's stateful-loader setting)
     loaders = DataLoaderConfiguration(use_stateful_dataloader=project is not None)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, project_config=project, dataloader_config=loaders)
-    model = torch.nn.Linear(3, 1)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1)) if batchnorm \
+        else torch.nn.Linear(3, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.1 * s))
     data = TensorDataset(torch.arange(samples), torch.randn(samples, 3), torch.randn(samples, 1))
@@ -149,6 +150,18 @@ def test_a_failed_step_is_dealt_again_and_every_sample_trains_once(monkeypatch):
     assert lrs == lrs_ref  # the scheduler stepped on commits only
     assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
     assert accelerator.gradient_state.optimizer_steps - before == 4  # (the counter is the process's)
+
+
+def test_a_failed_steps_batchnorm_updates_are_undone_before_it_is_dealt_again(monkeypatch):
+    _, committed_ref, _, params_ref, reference = _train(monkeypatch, FakeGroup(), batchnorm=True)
+    buffers_ref = {k: v.clone() for k, v in reference._models[0].named_buffers()}
+    attempts, committed, _, params, accelerator = _train(monkeypatch, FakeGroup(fail={1, 3}), batchnorm=True)
+    assert len(attempts) == len(committed) + 2 and committed == committed_ref
+    buffers = dict(accelerator._models[0].named_buffers())
+    assert int(buffers["1.num_batches_tracked"]) == int(buffers_ref["1.num_batches_tracked"]) == 16  # not 20
+    for name, value in buffers_ref.items():
+        assert torch.equal(buffers[name], value), name  # running mean and variance: the uninterrupted run's
+    assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
 
 
 def test_a_loop_without_accumulate_steps_where_the_dealing_ends_a_step_after_a_failed_one_too(monkeypatch):

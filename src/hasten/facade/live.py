@@ -8,8 +8,9 @@ When the launch spec has a ``live`` field (`hasten.process.launch_spec.LiveSetti
 - `accelerator.backward` at the step's synchronising micro-batch averages the gradients over the quorum
   (`LiveReducer`: no torch DDP across machines; a failure is recorded, not raised);
 - the prepared optimizer's `step()` steps only if `commit()` is True; otherwise the gradients are zeroed, the
-  scheduler does not step, ``sync_gradients`` is False, and the loader deals the *same* step again at the new P
-  before it yields anything else: every sample of a committed step is trained once, no optimizer step twice;
+  scheduler does not step, ``sync_gradients`` is False, the models' buffers go back to the step's start
+  (`StepBuffers`: BatchNorm statistics are not updated twice), and the loader deals the *same* step again at the new
+  P before it yields anything else: every sample of a committed step is trained once, no optimizer step twice;
 - a machine that joins receives the models, optimizers, schedulers, step count and loader position from a live
   peer inside its first `begin_step()` (nothing is read from disk);
 - SIGTERM or SIGUSR1 (a spot notice, a drained node, a stopped launcher) is a graceful leave: the step in progress
@@ -49,7 +50,7 @@ from ..process.live import LiveQuorum, LiveReducer, live_line
 if TYPE_CHECKING:
     from .elastic import ElasticRun
 
-__all__ = ["LiveStep", "LeftLiveRun", "start_live"]
+__all__ = ["LiveStep", "LeftLiveRun", "StepBuffers", "start_live"]
 
 
 class LeftLiveRun(Preempted):
@@ -103,6 +104,8 @@ class LiveStep:
         self.loaders: list[Any] = []  # the prepared loaders that deal live steps (their positions go to joiners)
         self.leaving: int | None = None  # SIGTERM/SIGUSR1 received: leave at the next step boundary
         self._previous: dict[int, Any] = {}
+        self._buffers: StepBuffers | None = None  # the models' buffers at the step's start (put back on a redo)
+        self._put_back = False  # the last attempt failed: its forward passes' buffer updates are undone first
         group.register_state(self.save, self.load)
 
     # -- a graceful leave ------------------------------------------------------------------------
@@ -164,7 +167,11 @@ class LiveStep:
             self._leave(leaving)
         if self.quorum is None:  # the first step: a run resumed from a checkpoint joins at the checkpoint's step
             self.group.resume_step = self.optimizer_steps()
+        if self._put_back and self._buffers is not None:  # (before a heal, which would bring the peer's own)
+            self._buffers.put_back()
+        self._put_back = False
         quorum = self.group.begin_step()
+        self._step_buffers().keep()
         per_machine = self.run.sizes.processes_per_machine or 1
         self.run.world, self.run.rank = quorum.processes(per_machine), quorum.rank(per_machine, self.local_rank)
         seconds = time.monotonic() - self._failed_since if self._failed_since is not None else None
@@ -175,6 +182,13 @@ class LiveStep:
             self._redone = 0
         self.quorum, self._decided, self._failed_since = quorum, None, None
         return quorum
+
+    def _step_buffers(self) -> StepBuffers:
+        if self._buffers is None:
+            owner = self._owner()
+            models = list(owner._models) if owner is not None else []
+            self._buffers = StepBuffers([item for m in models for item in m.named_buffers()])
+        return self._buffers
 
     def optimizer_steps(self) -> int:
         """The run's optimizer steps so far (counted at step boundaries; a checkpoint or a peer restores them)."""
@@ -212,7 +226,7 @@ class LiveStep:
         if self._decided is None:
             self._decided = bool(self.group.commit())
             if not self._decided:
-                self.redo = True
+                self.redo = self._put_back = True
                 self.attempts_failed += 1
                 self._redone += 1
                 self._failed_since = time.monotonic()
@@ -250,6 +264,47 @@ class LiveStep:
         """`loader` deals live steps (called when its first training pass starts)."""
         if all(loader is not known for known in self.loaders):
             self.loaders.append(loader)
+
+
+class StepBuffers:
+    """The models' buffers as of a step's start, put back when the step's attempt failed and is dealt again.
+
+    A failed attempt's forward passes have already moved running statistics (BatchNorm's ``running_mean``,
+    ``running_var``, ``num_batches_tracked``); the redone step would move them a second time, and the run would end
+    with buffers the uninterrupted run never had. Every buffer is copied at each step's start, into the copies of the
+    last step (no new memory): version counters cannot say which changed, as BatchNorm's kernel updates its running
+    statistics without counting. Buffers are small beside the gradients a live step all-reduces.
+
+    Example:
+        >>> import torch
+        >>> norm = torch.nn.BatchNorm1d(2)
+        >>> kept = StepBuffers(list(norm.named_buffers())); kept.keep()
+        >>> _ = norm(torch.randn(4, 2))              # an attempt that fails
+        >>> kept.put_back(); float(norm.running_var.sum()), int(norm.num_batches_tracked)
+        (2.0, 0)
+    """
+
+    def __init__(self, named: list[tuple[str, Any]]) -> None:
+        self._buffers = [buffer for _, buffer in named]
+        self._copies: list[Any] = []
+
+    def keep(self) -> None:
+        """At a step's start: copy every buffer."""
+        import torch
+
+        with torch.no_grad():
+            if [(c.shape, c.dtype) for c in self._copies] != [(b.shape, b.dtype) for b in self._buffers]:
+                self._copies = [buffer.detach().clone() for buffer in self._buffers]
+            else:
+                torch._foreach_copy_(self._copies, self._buffers) if self._copies else None
+
+    def put_back(self) -> None:
+        """After a failed attempt: every buffer back to the step's start."""
+        import torch
+
+        if self._copies:
+            with torch.no_grad():
+                torch._foreach_copy_(self._buffers, self._copies)
 
 
 def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
