@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import queue
 import sys
 import threading
 from pathlib import Path
@@ -57,14 +58,13 @@ class AsyncSave(str):
         True
     """
 
-    _thread: threading.Thread
+    _done: threading.Event
     _error: BaseException | None
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the checkpoint is published; raise its error if it failed (or TimeoutError after `timeout` s)."""
         global _pending
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        if not self._done.wait(timeout):
             raise TimeoutError(f"the asynchronous save of {str(self)} is still writing after {timeout:g} s.")
         if _pending is self:  # waited for: the next save need not wait again, nor raise this error again
             _pending = None
@@ -74,7 +74,7 @@ class AsyncSave(str):
 
     def done(self) -> bool:
         """Whether the background write is over (published or failed)."""
-        return not self._thread.is_alive()
+        return self._done.is_set()
 
 
 def pending() -> AsyncSave | None:
@@ -99,23 +99,41 @@ def _wait_quietly() -> None:
               flush=True)
 
 
+_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_writer: threading.Thread | None = None
+
+
+def _serve() -> None:
+    while True:
+        _jobs.get()()
+
+
 def run_in_background(target: Path, work: Callable[[], None]) -> AsyncSave:
-    """Start `work` (write, agree, publish) on a writer thread; returns the handle, also kept as the pending save."""
-    global _pending
+    """Hand `work` (write, agree, publish) to the writer thread; returns the handle, also kept as the pending save.
+
+    The writer is one thread for the process, started at the first save: starting a thread waits until it runs,
+    which on a machine whose cores are busy training held each save's caller for milliseconds.
+    """
+    global _pending, _writer
     handle = AsyncSave(str(target))
     handle._error = None
+    handle._done = threading.Event()
 
     def body() -> None:
-        _yield_to_training()
         try:
+            _yield_to_training()
             work()
         except BaseException as failure:  # noqa: BLE001 - kept for wait(), raised on the training thread
             handle._error = failure
+        finally:
+            handle._done.set()
 
-    # daemon: a failed run must still be able to exit; a successful one waits (group.before_leaving, atexit)
-    handle._thread = threading.Thread(target=body, name=f"hasten-async-save {target.name}", daemon=True)
     _pending = handle
-    handle._thread.start()
+    _jobs.put(body)
+    if _writer is None or not _writer.is_alive():  # (the first save, or a child process forked since)
+        # daemon: a failed run must still be able to exit; a successful one waits (group.before_leaving, atexit)
+        _writer = threading.Thread(target=_serve, name="hasten-async-save", daemon=True)
+        _writer.start()
     return handle
 
 
