@@ -46,14 +46,24 @@ def elastic_section(records: list[dict]) -> list[str]:
                        "waits for the other.")]
     cost = next((r for r in records if r["name"] == "periodic checkpoint cost"), None)
     if cost and "ratio" in cost:
+        cpu = ""
+        if "training_cpu_ratio" in cost:
+            cpu = (f"; by CPU seconds over both processes, summed over the rounds (steadier on this shared VM, whose "
+                   f"rounds vary by about 10 %): the training threads' **{f(cost['training_cpu_ratio'], 3)}** (what "
+                   f"the save adds to the training path), every thread's **{f(cost['all_threads_cpu_ratio'], 3)}** "
+                   "(the writer's work too, which takes CPU from training when, as here, training keeps both cores "
+                   "busy)")
         lines += ["", (f"Periodic checkpoints (`ProjectConfiguration(save_every_n_steps=20)`, asynchronous) in a "
-                       f"2-process DDP run of a 6M-parameter MLP, one thread per process ({f(cost['step_s'] * 1000, 0)} "
-                       f"ms a step): rounds of 60 steps with and without them alternate; the median ratio of their "
-                       f"times is **{f(cost['ratio'], 3)}** (each: {', '.join(f(x, 3) for x in cost['ratios'])})."), ""]
+                       f"2-process DDP run of a 6M-parameter MLP (75 MB saved), one thread per process "
+                       f"({f(cost['step_s'] * 1000, 0)} ms a step): rounds of 60 steps with and without them "
+                       f"alternate, each round's saves in its middle; the median ratio of their times is "
+                       f"**{f(cost['ratio'], 3)}** (each: {', '.join(f(x, 3) for x in cost['ratios'])}){cpu}."), ""]
         sparser = [r for r in records if r["name"].startswith("periodic checkpoint cost, every") and "ratio" in r]
         if sparser:
             lines += [("Sparser saves, the same way (rounds of three saves' worth of steps): " + "; ".join(
-                f"every {r['every']} steps **{f(r['ratio'], 3)}** (each: {', '.join(f(x, 3) for x in r['ratios'])})"
+                f"every {r['every']} steps **{f(r['ratio'], 3)}**"
+                + (f" (CPU: training threads {f(r['training_cpu_ratio'], 3)}, every thread "
+                   f"{f(r['all_threads_cpu_ratio'], 3)})" if "training_cpu_ratio" in r else "")
                 for r in sparser) + "."), ""]
     return lines
 
