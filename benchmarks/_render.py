@@ -191,8 +191,16 @@ def render(records: list[dict], quick: bool) -> str:
                      verdict(worst <= 60 and all(r["finished"] for r in elastic))])
     periodic = next((r for r in by(records, "elastic") if r["name"] == "periodic checkpoint cost" and "ratio" in r), None)
     if periodic:
-        rows.append(["periodic asynchronous checkpoints (every 20 steps, 2-process DDP): training time with / "
-                     "without", "≤ 1.01", f(periodic["ratio"], 3), verdict(periodic["ratio"] <= 1.01)])
+        if "accounted_core_free" in periodic:  # the wall clock varies 10 % a round here: the steady accounted cost
+            free, busy = periodic["accounted_core_free"], periodic["accounted_cores_busy"]
+            rows.append(["periodic asynchronous checkpoints (every 20 steps, 2-process DDP): training time with / "
+                         "without, accounted (a core free for the writer; every core busy training)", "≤ 1.01",
+                         f"{f(free, 3)}; {f(busy, 3)} (wall clock {f(periodic['ratio'], 3)})",
+                         verdict(busy <= 1.01) if busy <= 1.01 or free > 1.01
+                         else "ok with a core free; **MISSED** with none"])
+        else:
+            rows.append(["periodic asynchronous checkpoints (every 20 steps, 2-process DDP): training time with / "
+                         "without", "≤ 1.01", f(periodic["ratio"], 3), verdict(periodic["ratio"] <= 1.01)])
     if rows:
         lines += ["## Targets", ""]
         lines += table(["what", "target", "measured", "verdict"], rows)

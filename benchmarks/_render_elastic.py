@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from _tables import f, table
 
 
@@ -47,8 +49,15 @@ def elastic_section(records: list[dict]) -> list[str]:
     cost = next((r for r in records if r["name"] == "periodic checkpoint cost"), None)
     if cost and "ratio" in cost:
         cpu = ""
+        if "accounted_core_free" in cost:
+            cpu += (f"; accounted from the saves' own time (steady): each save holds the training threads "
+                    f"{f(cost['save_training_ms'], 1)} ms (the next optimizer step's wait for the parameters' copy "
+                    f"{f(cost['save_copy_wait_ms'], 2)} ms of it) and its background threads use "
+                    f"{f(cost['save_background_cpu_ms'], 0)} ms of CPU: **{f(cost['accounted_core_free'], 3)}** with a "
+                    f"core free for the writer, **{f(cost['accounted_cores_busy'], 3)}** with every core busy "
+                    "training, as here")
         if "training_cpu_ratio" in cost:
-            cpu = (f"; by CPU seconds over both processes, summed over the rounds (steadier on this shared VM, whose "
+            cpu += (f"; by CPU seconds over both processes, summed over the rounds (steadier on this shared VM, whose "
                    f"rounds vary by about 10 %): the training threads' **{f(cost['training_cpu_ratio'], 3)}** (what "
                    f"the save adds to the training path), every thread's **{f(cost['all_threads_cpu_ratio'], 3)}** "
                    "(the writer's work too, which takes CPU from training when, as here, training keeps both cores "
@@ -58,10 +67,22 @@ def elastic_section(records: list[dict]) -> list[str]:
                        f"({f(cost['step_s'] * 1000, 0)} ms a step): rounds of 60 steps with and without them "
                        f"alternate, each round's saves in its middle; the median ratio of their times is "
                        f"**{f(cost['ratio'], 3)}** (each: {', '.join(f(x, 3) for x in cost['ratios'])}){cpu}."), ""]
+        if "accounted_core_free" in cost:  # the accounted cost is per save: 1.01 where a save's share of steps is 1 %
+            every = cost.get("every", 20)
+
+            def reach(ratio: float) -> int:
+                return max(1, math.ceil(every * (ratio - 1) / 0.01))
+
+            lines += [(f"At that cost per save, the saves cost 1.01 from one every **{reach(cost['accounted_core_free'])} "
+                       f"steps** with a core free for the writer, and from one every "
+                       f"**{reach(cost['accounted_cores_busy'])} steps** with every core busy training (this machine, "
+                       f"{f(cost['step_s'] * 1000, 0)} ms steps)."), ""]
         sparser = [r for r in records if r["name"].startswith("periodic checkpoint cost, every") and "ratio" in r]
         if sparser:
             lines += [("Sparser saves, the same way (rounds of three saves' worth of steps): " + "; ".join(
                 f"every {r['every']} steps **{f(r['ratio'], 3)}**"
+                + (f" (accounted: {f(r['accounted_core_free'], 3)} with a core free, {f(r['accounted_cores_busy'], 3)} "
+                   "with every core busy)" if "accounted_core_free" in r else "")
                 + (f" (CPU: training threads {f(r['training_cpu_ratio'], 3)}, every thread "
                    f"{f(r['all_threads_cpu_ratio'], 3)})" if "training_cpu_ratio" in r else "")
                 for r in sparser) + "."), ""]

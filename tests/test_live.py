@@ -126,15 +126,16 @@ def _reference(tmp_path_factory, elastic: dict) -> tuple[dict[int, list[int]], t
 MARK = "HASTEN_TEST_LIVE_MACHINE"  # in the environment of every process of one "machine": what the kill looks for
 
 
-def _launch(out: Path, name: str, rank: int, port: int, mark: str, per_machine: int = 1,
-            **extra: str) -> tuple[subprocess.Popen, Path]:
-    """`hasten launch --elastic_recovery live` of one machine of two (all on this host, loopback)."""
+def _launch(out: Path, name: str, rank: int, port: int, mark: str, per_machine: int = 1, main_ip: str = "127.0.0.1",
+            prefix: tuple[str, ...] = (), **extra: str) -> tuple[subprocess.Popen, Path]:
+    """`hasten launch --elastic_recovery live` of one machine of two (on this host's loopback, or with `prefix` in a
+    network namespace of its own, `main_ip` machine 0's address)."""
     log = out / f"{name}.log"
     env = _env(out, LaunchSpec(), **{MARK: mark, **extra})
     env.pop(SPEC_ENV_VAR)  # the launcher makes the spec
-    command = [sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes",
+    command = [*prefix, sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes",
                str(2 * per_machine),
-               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+               "--machine_rank", str(rank), "--main_process_ip", main_ip, "--main_process_port", str(port),
                "--elastic_recovery", "live", str(SCRIPT)]
     process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                start_new_session=True)
@@ -244,6 +245,49 @@ def test_hasten_launch_elastic_recovery_live_survives_a_stopped_and_a_killed_mac
         assert len(trained) == len(set(trained)) == sum(len(ids) for ids in ref_steps.values())
         assert len(errors) == 2 and max(errors) <= 1e-5
         assert max(joined) <= 5.0, f"machine 1 joined {joined} s after its command"
+
+
+@pytest.mark.timeout(300)
+def test_two_hosts_recover_and_heal_across_their_link(tmp_path, uninterrupted):
+    """Machines on two hosts (network namespaces joined by a veth pair, each with its own address, machine 0's the main
+    one): machine 1 SIGKILLed inside a step and started again heals from machine 0 over the link. (Each machine's
+    store and manager were advertised on loopback: the other machine connected to its own 127.0.0.1 and the run
+    failed.)"""
+    from machines import two_namespaces
+
+    ref_steps, _, ref_rates = uninterrupted
+    with two_namespaces("10.200.9") as made, _machines(tmp_path) as (port, marks, processes):
+        hosts = [("ip", "netns", "exec", name) for name in made["namespaces"]]
+        settings = dict(main_ip=made["addresses"][0], STEP_SLEEP="0.1")
+        survivor, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], prefix=hosts[0], **settings)
+        victim, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], prefix=hosts[1], **settings)
+        processes += [survivor, victim]
+        _wait(lambda: _committed_in_pair(log1, count=8), 180, "8 commits in a group of 2 across the link", [log0, log1])
+        time.sleep(0.03)  # (inside a step)
+        killed = _kill_machine(marks[1])
+        killed_at = time.time()
+        victim.wait(timeout=30)
+        time.sleep(1.0)
+        returned, log1b = _launch(tmp_path, "machine1-again", 1, port, marks[1], prefix=hosts[1], **settings)
+        returned_at = time.time()
+        processes.append(returned)
+        _wait(lambda: "DONE" in log0.read_text() and "DONE" in log1b.read_text(), 240, "both machines to finish",
+              [log0, log1b])
+        assert survivor.wait(timeout=60) == 0, log0.read_text()[-3000:]
+        assert returned.wait(timeout=60) == 0, log1b.read_text()[-3000:]
+
+        committed0 = [t for t, _, _, c, _, _ in _steps(log0) if c]
+        after_kill = next(t for t in committed0 if t > killed_at) - killed_at
+        joined = next(t for t, _, _, c, p, _ in _steps(log1b) if c and p == 2) - returned_at
+        by_step, differing, errors = _against(uninterrupted, tmp_path, log0, log1, log1b)
+        print(f"\ntwo hosts: SIGKILL ({killed} processes) -> survivor's next commit +{after_kill:.2f} s; machine 1 back "
+              f"in a group of 2 +{joined:.2f} s after its command; committed steps {len(by_step)} of {len(ref_steps)}; "
+              f"steps whose samples differ: {differing}; final relative error {', '.join(f'{e:.2e}' for e in errors)}")
+        assert "state received from a live peer" in log1b.read_text(), log1b.read_text()[-3000:]
+        assert after_kill <= 5.0 and joined <= 5.0
+        assert sorted(by_step) == sorted(ref_steps) and not differing
+        assert _learning_rates(log0, log1, log1b) == ref_rates
+        assert len(errors) == 2 and max(errors) <= 1e-5
 
 
 @pytest.mark.timeout(300)

@@ -6,6 +6,11 @@ this process, with a store of its own), synchronous quorums (``use_async_quorum=
 joiner, the peer's state are known when `begin_step` returns), a reconfigurable gloo group and state sent over it
 (`PGTransport`). Collective failures are recorded and reported as False, never raised.
 
+Across hosts, each machine is known to the others by `reachable_address`: the local end of its route to the
+lighthouse (loopback when the lighthouse is on loopback). Its replica-group store (the one torchft's quorum hands to
+the other machines for the cross-machine gloo group) and its manager (which a healing machine asks for the
+checkpoint's metadata) are advertised there, and the manager listens on that address only, not on every interface.
+
 Example:
     >>> group = LiveGroup("localhost:29510", replica=1)     # nothing is started before the first step
     >>> group.replica_id, group.started
@@ -16,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
 from .layout import LiveQuorum
 
-__all__ = ["LiveGroup", "LiveUnavailable", "torchft_hint"]
+__all__ = ["LiveGroup", "LiveUnavailable", "torchft_hint", "reachable_address"]
 
 
 class LiveUnavailable(RuntimeError):
@@ -47,6 +53,41 @@ def _torchft() -> Any:
     except ImportError as err:
         raise LiveUnavailable(torchft_hint()) from err
     return torchft
+
+
+def reachable_address(lighthouse: str) -> str:
+    """This machine's address as the lighthouse's machine reaches it: the source address of the route there.
+
+    Example:
+        >>> reachable_address("http://127.0.0.1:29510")
+        '127.0.0.1'
+    """
+    from urllib.parse import urlsplit
+
+    host = urlsplit(lighthouse if "://" in lighthouse else f"http://{lighthouse}").hostname or "127.0.0.1"
+    try:
+        family, kind, proto, _, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(target)  # (a UDP connect sends nothing: the kernel picks the route and its source address)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def _listen_on(address: str) -> None:
+    """Make torchft's manager listen on `address` only (torchft 0.2 binds ``[::]``: every interface)."""
+    import torchft.manager as manager_module
+
+    original = getattr(manager_module, "_hasten_server", None) or getattr(manager_module, "ManagerServer", None)
+    if original is None:  # (another torchft: its own binding stays)
+        return
+    manager_module._hasten_server = original
+    host = f"[{address}]" if ":" in address else address
+
+    def server(*args: Any, bind: str, **kwargs: Any) -> Any:
+        return original(*args, bind=f"{host}:{bind.rsplit(':', 1)[-1]}", **kwargs)
+
+    manager_module.ManagerServer = server
 
 
 class LiveGroup:
@@ -101,12 +142,14 @@ class LiveGroup:
         _quiet_flight_recorder()
         if self.store_port is None:  # one process per machine: the replica group is this process, its store its own
             self.host_store()
+        address = reachable_address(self.lighthouse)  # where the other machines reach this one's store and manager
+        _listen_on(address)
         pg = torchft.ProcessGroupGloo(timeout=self.timeout)
         manager = torchft.Manager(
             pg=pg, load_state_dict=None, state_dict=None, min_replica_size=self.min_replicas,
             use_async_quorum=False, timeout=self.timeout, quorum_timeout=self.quorum_timeout,
-            rank=self.rank, world_size=self.world_size, store_addr="127.0.0.1", store_port=self.store_port,
-            lighthouse_addr=self.lighthouse, replica_id=self.replica_id,
+            rank=self.rank, world_size=self.world_size, store_addr=address, store_port=self.store_port,
+            hostname=address, lighthouse_addr=self.lighthouse, replica_id=self.replica_id,
             checkpoint_transport=PGTransport(pg, timeout=self.timeout, device=torch_cpu()))
         for key, (save, load) in self._states.items():
             manager.register_state_dict_fn(key, self._loader(load), save)
