@@ -371,3 +371,17 @@ def test_the_flag_reaches_the_plan():
     assert plan.live and plan.elastic
     args = launch_parser().parse_args(argv[:-3] + [__file__])
     assert args.elastic_recovery == "restart" and not build_plan(args, resolve_config(args)).live
+
+
+def test_the_manager_listens_on_the_machines_address_only_and_says_it_there(monkeypatch):
+    # torchft 0.2 binds its manager to [::] (every interface); hasten binds it where the other machines reach this one
+    manager_module = pytest.importorskip("torchft.manager")
+
+    from hasten.process.live.membership import _listen_on, reachable_address
+
+    seen = []
+    monkeypatch.setattr(manager_module, "ManagerServer", lambda *args, bind, **kwargs: seen.append(bind))
+    monkeypatch.setattr(manager_module, "_hasten_server", None, raising=False)  # (undone after the test)
+    _listen_on(reachable_address("http://127.0.0.1:29510"))
+    manager_module.ManagerServer(replica_id="x", bind="[::]:0")
+    assert seen == ["127.0.0.1:0"]

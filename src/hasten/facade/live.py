@@ -295,8 +295,8 @@ class StepBuffers:
         with torch.no_grad():
             if [(c.shape, c.dtype) for c in self._copies] != [(b.shape, b.dtype) for b in self._buffers]:
                 self._copies = [buffer.detach().clone() for buffer in self._buffers]
-            else:
-                torch._foreach_copy_(self._copies, self._buffers) if self._copies else None
+            elif self._copies:
+                torch._foreach_copy_(self._copies, self._buffers)
 
     def put_back(self) -> None:
         """After a failed attempt: every buffer back to the step's start."""
