@@ -320,7 +320,8 @@ def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthous
     assert (local.mode, local.in_this_process, local.num_processes, local.elastic, local.live) == ("single", False, 1,
                                                                                                    False, False)
     assert local.main_process_port is None  # (no local group to meet at: the lighthouse's port is the run's only one)
-    assert local.spec.live == {"lighthouse": "http://127.0.0.1:29500", "replica": 1, "min_replicas": 1}
+    assert local.spec.live == {"lighthouse": "http://127.0.0.1:29500", "replica": 1, "min_replicas": 1,
+                               "address": "127.0.0.1"}  # (one host: the other machines reach this one on loopback)
     assert local.spec.elastic == {"min_processes": 1, "max_processes": 2, "processes_per_machine": 1}
     assert local.spec.live_settings().replica == 1
     assert "lighthouse at http://127.0.0.1:29500" in plan.describe()
@@ -334,6 +335,17 @@ def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthous
     pair = local_plan(_live_plan(num_processes=4).validate(check_port=False))
     assert (pair.mode, pair.num_processes, pair.num_machines, pair.main_process_ip) == ("torchrun", 2, 1, "127.0.0.1")
     assert pair.main_process_port not in (None, 29500) and pair.spec.elastic["processes_per_machine"] == 2
+
+
+def test_a_live_machine_is_advertised_at_the_address_the_main_machine_reaches_it_at(torchft_present, monkeypatch):
+    # its replica group's store and torchft manager: the other machines dial this address (127.0.0.1 made machine 1 of
+    # two hosts dial its own loopback)
+    import hasten.launch.live as launch_live
+
+    monkeypatch.setattr(launch_live, "local_address_for", lambda address: "10.0.0.2" if address == "10.0.0.1" else None)
+    monkeypatch.setattr(launch_live, "interface_for_address", lambda address: "eth0")
+    remote = launch_live.local_plan(_live_plan(main_process_ip="10.0.0.1").validate(check_port=False))
+    assert remote.spec.live["address"] == "10.0.0.2" and remote.spec.live_settings().address == "10.0.0.2"
 
 
 @pytest.mark.parametrize("overrides, words", [
@@ -377,11 +389,11 @@ def test_the_manager_listens_on_the_machines_address_only_and_says_it_there(monk
     # torchft 0.2 binds its manager to [::] (every interface); hasten binds it where the other machines reach this one
     manager_module = pytest.importorskip("torchft.manager")
 
-    from hasten.process.live.membership import _listen_on, reachable_address
+    from hasten.process.live.membership import _listen_on
 
     seen = []
     monkeypatch.setattr(manager_module, "ManagerServer", lambda *args, bind, **kwargs: seen.append(bind))
     monkeypatch.setattr(manager_module, "_hasten_server", None, raising=False)  # (undone after the test)
-    _listen_on(reachable_address("http://127.0.0.1:29510"))
+    _listen_on("127.0.0.1")
     manager_module.ManagerServer(replica_id="x", bind="[::]:0")
     assert seen == ["127.0.0.1:0"]

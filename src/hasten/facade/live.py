@@ -318,6 +318,7 @@ def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
         raise ValueError(f"live recovery runs each machine's {per_machine} process(es) as its own group, but this group "
                          f"has {owner.state.num_processes}; launch with hasten launch --elastic_recovery live.")
     group = LiveGroup(settings.lighthouse, replica=settings.replica, min_replicas=settings.min_replicas,
+                      address=settings.address,
                       timeout=owner.state.timeout if getattr(owner.state, "timeout", None) else _default_timeout(),
                       rank=owner.state.local_process_index, world_size=per_machine)
     if per_machine > 1:  # the machine's processes meet at a store its local rank 0 hosts (a collective of the machine)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from ..process.launch_spec import MACHINE_ENV
 from .elastic import elastic_spec
-from .network import interface_for_address, is_loopback
+from .network import interface_for_address, is_loopback, local_address_for
 
 # (`plan` below is a `launch.plan.LaunchPlan`, which imports this module: typed loosely to keep imports one-way)
 
@@ -88,8 +88,12 @@ def local_plan(plan: Any) -> Any:
         >>> local.mode, local.in_this_process, local.spec.live["replica"], local.spec.elastic["max_processes"]
         ('single', False, 1, 2)
     """
+    # where the other machines reach this one (its replica group's store, its torchft manager): the address the main
+    # one reaches it at, as torch's agent advertises (the hostname may resolve to loopback or an unreachable address)
+    address = "127.0.0.1" if is_loopback(plan.master_addr) else \
+        local_address_for(plan.master_addr) or socket.gethostname()
     live = {"lighthouse": lighthouse_address(plan), "replica": int(plan.machine_rank),
-            "min_replicas": int(plan.min_machines or plan.num_machines)}
+            "min_replicas": int(plan.min_machines or plan.num_machines), "address": address}
     spec = dataclasses.replace(plan.spec, elastic=plan.spec.elastic or elastic_spec(plan), live=live)
     env = dict(plan.extra_env)
     env[MACHINE_ENV] = f"{socket.gethostname()}/{plan.machine_rank}"  # who left or joined, in the live lines

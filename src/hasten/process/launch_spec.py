@@ -257,11 +257,12 @@ def parallelism_settings(config: Mapping[str, Any]) -> dict[str, str]:
 
 class LiveSettings(NamedTuple):
     """A live run's contract (`LaunchSpec.live`): the lighthouse's address, this machine's rank, the machines a step
-    needs."""
+    needs, and the address the other machines reach this one at (its replica group's store and torchft manager)."""
 
     lighthouse: str
     replica: int
     min_replicas: int = 1
+    address: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ class LaunchSpec:
     # process group's timeout is not shortened (hasten.launch.peer_watch finds a lost machine from signs of life)
     elastic: dict | None = None
     # live recovery (opt-in, with `elastic`): {"lighthouse": "host:port", "replica": this machine's rank,
-    # "min_replicas": machines a step needs}; survivors keep training in memory (`hasten.process.live`, `live_settings`)
+    # "min_replicas": machines a step needs, "address": where the others reach this machine}; survivors keep training in memory (`hasten.process.live`, `live_settings`)
     live: dict | None = None
 
     def __post_init__(self) -> None:
@@ -326,12 +327,12 @@ class LaunchSpec:
 
         Example:
             >>> LaunchSpec(live={"lighthouse": "main:29510", "replica": 1}).live_settings()
-            LiveSettings(lighthouse='main:29510', replica=1, min_replicas=1)
+            LiveSettings(lighthouse='main:29510', replica=1, min_replicas=1, address='127.0.0.1')
         """
         if not self.live:
             return None
         return LiveSettings(str(self.live["lighthouse"]), int(self.live.get("replica", 0)),
-                            int(self.live.get("min_replicas", 1)))
+                            int(self.live.get("min_replicas", 1)), str(self.live.get("address", "127.0.0.1")))
 
     def peer_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables Accelerate's launcher exports, with the same meaning, derived from this spec (the one place).

@@ -6,8 +6,8 @@ this process, with a store of its own), synchronous quorums (``use_async_quorum=
 joiner, the peer's state are known when `begin_step` returns), a reconfigurable gloo group and state sent over it
 (`PGTransport`). Collective failures are recorded and reported as False, never raised.
 
-Across hosts, each machine is known to the others by `reachable_address`: the local end of its route to the
-lighthouse (loopback when the lighthouse is on loopback). Its replica-group store (the one torchft's quorum hands to
+Across hosts, each machine is known to the others by the address its launcher found the main machine reaches it at
+(`LiveSettings.address`; loopback on one host). Its replica-group store (the one torchft's quorum hands to
 the other machines for the cross-machine gloo group) and its manager (which a healing machine asks for the
 checkpoint's metadata) are advertised there, and the manager listens on that address only, not on every interface.
 
@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
 from .layout import LiveQuorum
 
-__all__ = ["LiveGroup", "LiveUnavailable", "torchft_hint", "reachable_address"]
+__all__ = ["LiveGroup", "LiveUnavailable", "torchft_hint"]
 
 
 class LiveUnavailable(RuntimeError):
@@ -53,25 +52,6 @@ def _torchft() -> Any:
     except ImportError as err:
         raise LiveUnavailable(torchft_hint()) from err
     return torchft
-
-
-def reachable_address(lighthouse: str) -> str:
-    """This machine's address as the lighthouse's machine reaches it: the source address of the route there.
-
-    Example:
-        >>> reachable_address("http://127.0.0.1:29510")
-        '127.0.0.1'
-    """
-    from urllib.parse import urlsplit
-
-    host = urlsplit(lighthouse if "://" in lighthouse else f"http://{lighthouse}").hostname or "127.0.0.1"
-    try:
-        family, kind, proto, _, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.connect(target)  # (a UDP connect sends nothing: the kernel picks the route and its source address)
-            return str(probe.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
 
 
 def _listen_on(address: str) -> None:
@@ -107,8 +87,9 @@ class LiveGroup:
 
     def __init__(self, lighthouse: str, replica: int = 0, min_replicas: int = 1,
                  timeout: timedelta = timedelta(seconds=30), quorum_timeout: timedelta = timedelta(seconds=120),
-                 rank: int = 0, world_size: int = 1, store_port: int | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, store_port: int | None = None, address: str = "127.0.0.1") -> None:
         self.lighthouse = lighthouse
+        self.address = address  # where the other machines reach this one's store and manager
         self.replica_id = f"{int(replica):05d}"
         # this process in its machine's group (the replica group): torchft's group rank and size; several processes
         # meet at the store their local rank 0 hosts (`store_port`), one process hosts its own
@@ -142,7 +123,7 @@ class LiveGroup:
         _quiet_flight_recorder()
         if self.store_port is None:  # one process per machine: the replica group is this process, its store its own
             self.host_store()
-        address = reachable_address(self.lighthouse)  # where the other machines reach this one's store and manager
+        address = self.address
         _listen_on(address)
         pg = torchft.ProcessGroupGloo(timeout=self.timeout)
         manager = torchft.Manager(
