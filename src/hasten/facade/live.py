@@ -105,7 +105,6 @@ class LiveStep:
         self.leaving: int | None = None  # SIGTERM/SIGUSR1 received: leave at the next step boundary
         self._previous: dict[int, Any] = {}
         self._buffers: StepBuffers | None = None  # the models' buffers at the step's start (put back on a redo)
-        self._put_back = False  # the last attempt failed: its forward passes' buffer updates are undone first
         group.register_state(self.save, self.load)
 
     # -- a graceful leave ------------------------------------------------------------------------
@@ -167,9 +166,8 @@ class LiveStep:
             self._leave(leaving)
         if self.quorum is None:  # the first step: a run resumed from a checkpoint joins at the checkpoint's step
             self.group.resume_step = self.optimizer_steps()
-        if self._put_back and self._buffers is not None:  # (before a heal, which would bring the peer's own)
-            self._buffers.put_back()
-        self._put_back = False
+        if self._failed_since is not None and self._buffers is not None:  # the last attempt failed: undo its
+            self._buffers.put_back()  # forward passes' buffer updates (before a heal, which brings the peer's own)
         quorum = self.group.begin_step()
         self._step_buffers().keep()
         per_machine = self.run.sizes.processes_per_machine or 1
@@ -226,7 +224,7 @@ class LiveStep:
         if self._decided is None:
             self._decided = bool(self.group.commit())
             if not self._decided:
-                self.redo = self._put_back = True
+                self.redo = True
                 self.attempts_failed += 1
                 self._redone += 1
                 self._failed_since = time.monotonic()

@@ -294,7 +294,8 @@ class LaunchSpec:
     # process group's timeout is not shortened (hasten.launch.peer_watch finds a lost machine from signs of life)
     elastic: dict | None = None
     # live recovery (opt-in, with `elastic`): {"lighthouse": "host:port", "replica": this machine's rank,
-    # "min_replicas": machines a step needs, "address": where the others reach this machine}; survivors keep training in memory (`hasten.process.live`, `live_settings`)
+    # "min_replicas": machines a step needs, "address": where the others reach this machine}; survivors keep training
+    # in memory (`hasten.process.live`, `live_settings`)
     live: dict | None = None
 
     def __post_init__(self) -> None:
