@@ -13,7 +13,8 @@ one plain launch, under DDP: every engine trains the same numbers):
 The runs:
 - for DDP, FSDP2 and DeepSpeed ZeRO-2, with the script's accumulation 1 (a `1:3` range on two machines: 3
   micro-batches a step over 2 processes, so one takes two and, under FSDP2 and ZeRO, the other a filler pass) and
-  3 (a `1:2` range: 6 micro-batches, 3 each; ZeRO-2's accumulation given by a DeepSpeed config file at launch): machine
+  3 (a `1:2` range: 6 micro-batches, 3 each; ZeRO-2's accumulation given by a DeepSpeed config file at launch, with
+  `--elastic_recovery live`, which ZeRO answers with this restart path and a line saying so): machine
   1 is stopped with SIGTERM inside an accumulation cycle (it saves at the next optimizer step: nothing redone), started
   again, SIGKILLed inside a cycle, started again; the run finishes;
 - three machines in a `1:3` range, started machine 1 and 2 first (machine 0 still hosts the store): one is lost (two
@@ -293,8 +294,11 @@ def recipes(root: Path) -> dict[str, Recipe]:
         found[f"{engine}-1"] = replace(THREE_OF_ONE, engine=engine)
         if engine == "z2":  # the accumulation from the DeepSpeed config file given at launch, not from the script
             config = ds_config(root / "z2-3-ds.json", 3)
+            # launched with --elastic_recovery live too: ZeRO's partitions are on one machine only, so the run says so
+            # and takes this restart path (launch/live.py's checkpoint_fallback)
             found["z2-3"] = replace(TWO_OF_THREE, engine="launched",
-                                    launch=("--use_deepspeed", "--deepspeed_config_file", str(config)))
+                                    launch=("--use_deepspeed", "--deepspeed_config_file", str(config),
+                                            "--elastic_recovery", "live"))
         else:
             found[f"{engine}-3"] = replace(TWO_OF_THREE, engine=engine)
     return found
@@ -363,6 +367,9 @@ def test_a_machine_stopped_or_killed_inside_an_accumulation_cycle_leaves_the_tra
         {(1, per_step), (2, -(-per_step // 2)), (2, per_step // 2)}
     if recipe.engine == "ddp" and recipe.accumulation == 3:
         assert_reformations_on_the_trackers_step_axis(run.out / "project" / "elastic")
+    if "live" in recipe.launch:  # each launch of each machine said once why it restarts instead
+        for log in run.logs.values():
+            assert log.count("DeepSpeed ZeRO partitions its state over every machine") >= 1, log[-3000:]
 
 
 def assert_reformations_on_the_trackers_step_axis(logs: Path) -> None:

@@ -327,7 +327,7 @@ def test_a_live_launch_is_one_local_process_per_machine_that_finds_the_lighthous
     assert "lighthouse at http://127.0.0.1:29500" in plan.describe()
     # a worker that dies here may be restarted (it then heals from a peer): --max_restarts stays with the machine
     assert local_plan(_live_plan(max_restarts=2).validate(check_port=False)).restarts_by_launcher == 2
-    # FSDP2 is run (sharded in each machine's group, replicated across machines), DeepSpeed is refused (below)
+    # FSDP2 is run (sharded in each machine's group, replicated across machines); DeepSpeed restarts instead (below)
     from hasten.launch.live import live_problem
 
     assert live_problem(_live_plan(spec=LaunchSpec(fsdp={"fsdp_version": 2}))) is None
@@ -348,16 +348,47 @@ def test_a_live_machine_is_advertised_at_the_address_the_main_machine_reaches_it
     assert remote.spec.live["address"] == "10.0.0.2" and remote.spec.live_settings().address == "10.0.0.2"
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ({"min_machines": None, "num_machines": 2}, "--num_machines MIN:MAX"),
-    ({"spec": LaunchSpec(deepspeed={"zero_stage": 2})}, "DeepSpeed"),
-])
-def test_what_phase_1_cannot_do_is_refused_at_launch_naming_the_flag(torchft_present, overrides, words):
+def test_a_fixed_machine_count_is_refused_at_launch_naming_the_flag(torchft_present):
     from hasten.core.errors import LaunchError
 
     with pytest.raises(LaunchError, match="--elastic_recovery live") as refused:
-        _live_plan(**overrides).validate(check_port=False)
-    assert words in str(refused.value) and str(refused.value).count(". ") == 0  # one sentence
+        _live_plan(min_machines=None, num_machines=2).validate(check_port=False)
+    assert "--num_machines MIN:MAX" in str(refused.value) and str(refused.value).count(". ") == 0  # one sentence
+
+
+def test_deepspeed_under_live_recovery_restarts_from_the_newest_checkpoint_and_says_so_once(monkeypatch, capsys):
+    # ZeRO's partitions are on one machine only: nothing live could heal them, so the run takes the restart path
+    # (no lighthouse, torch's elastic agent) after one line; torchft is not needed for it
+    import hasten.launch.live as launch_live
+
+    monkeypatch.setattr(launch_live, "find_spec", lambda name: None)
+    plan = _live_plan(machine_rank=0, spec=LaunchSpec(deepspeed={"zero_stage": 2})).validate(check_port=False)
+    shown = plan.describe()
+    assert shown.startswith("# hasten launch: --elastic_recovery live: DeepSpeed ZeRO") and "lighthouse" not in shown
+    assert "torch.distributed.run" in shown and "--nnodes=1:2" in shown  # the restart path's elastic agent
+    launched = []
+    assert launch_live.run_live(plan, lambda local: launched.append(local) or "outcome") == "outcome"
+    (restart,) = launched
+    assert restart.live is False and restart.spec.live is None and restart.elastic and restart.num_machines == 2
+    err = capsys.readouterr().err
+    assert err.count("hasten launch:") == 1 and "recovers by starting again from the newest checkpoint" in err
+    assert launch_live.checkpoint_fallback(_live_plan()) is None  # DDP and FSDP2 recover live
+
+
+def test_a_deepspeed_plugin_the_script_makes_is_refused_in_a_live_worker():
+    # the launcher could not see it (no --use_deepspeed): the step's reducer would average gradients ZeRO keeps in its
+    # partitions, so Accelerator() refuses in one sentence instead of training wrong numbers
+    from types import SimpleNamespace
+
+    from hasten.facade.live import start_live
+    from hasten.process.elastic import ElasticSizes
+    from hasten.utils.dataclasses import DistributedType
+
+    owner = SimpleNamespace(state=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, num_processes=1))
+    run = SimpleNamespace(sizes=ElasticSizes(1, 2, 1))
+    with pytest.raises(ValueError, match="cannot run DeepSpeed ZeRO") as refused:
+        start_live(owner, run, settings=None)
+    assert "--use_deepspeed" in str(refused.value) and str(refused.value).count(". ") == 0
 
 
 def test_a_live_launch_without_torchft_is_refused(monkeypatch):

@@ -145,8 +145,8 @@ _GROUPS: list[tuple[str, str, list[_Flag]]] = [
         _value("--elastic_recovery", default="restart", choices=list(RECOVERY_CHOICES),
                text="hasten: how an elastic run (--num_machines MIN:MAX) recovers when a machine leaves or joins: "
                     "restart (every process starts again from the newest checkpoint) or live (the others keep "
-                    "training in memory and a joiner heals from a live peer; DDP or FSDP2, no DeepSpeed, needs "
-                    "torchft)"),
+                    "training in memory and a joiner heals from a live peer; DDP or FSDP2, needs torchft; under "
+                    "DeepSpeed it says so and restarts, as a ZeRO partition is held on one machine only)"),
         _value("--monitor_interval", kind=float, default=0.1, text="seconds between checks of the processes"),
         _value("--liveness_timeout", kind=float, metavar="SECONDS"),
     ]),

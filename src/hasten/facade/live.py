@@ -312,6 +312,12 @@ def start_live(owner: Any, run: ElasticRun, settings: Any) -> LiveStep:
     from ..process.live import LiveGroup
 
     per_machine = run.sizes.processes_per_machine or 1
+    if owner.state.distributed_type == "DEEPSPEED":  # (DistributedType is a str enum)
+        # (a plugin the script made itself: the launcher could not see it and restart instead; the step's reducer
+        # would average gradients ZeRO keeps in its partitions, a silently wrong run)
+        raise ValueError("live recovery (--elastic_recovery live) cannot run DeepSpeed ZeRO, whose partitions are held "
+                         "on one machine only; pass --use_deepspeed to hasten launch (it then recovers from the newest "
+                         "checkpoint) or launch with --elastic_recovery restart.")
     if owner.state.num_processes != per_machine:
         raise ValueError(f"live recovery runs each machine's {per_machine} process(es) as its own group, but this group "
                          f"has {owner.state.num_processes}; launch with hasten launch --elastic_recovery live.")

@@ -11,8 +11,10 @@ live-recovery.md the design). Membership is torchft's lighthouse, not torch's c1
   the elastic sizes and ``live`` (lighthouse address, this machine's rank, MIN machines), so the worker takes the
   live path.
 
-It refuses, in one sentence each (`live_problem`), what it cannot do yet: DeepSpeed, mpirun. FSDP2 runs sharded within
-each machine's group and replicated across machines (HSDP).
+It refuses, in one sentence each (`live_problem`), what it cannot do: a fixed machine count, mpirun (as the restart
+path does), a missing torchft. FSDP2 runs sharded within each machine's group and replicated across machines (HSDP).
+DeepSpeed ZeRO partitions the optimizer state over every machine, so a lost machine's partitions are held nowhere
+else: such a run recovers from the newest checkpoint (the restart path), and says so in one line (`checkpoint_fallback`).
 
 Example:
     >>> from hasten.launch.plan import LaunchPlan
@@ -28,6 +30,7 @@ import contextlib
 import dataclasses
 import os
 import socket
+import sys
 from importlib.util import find_spec
 from typing import Any, Callable, Iterator
 
@@ -37,7 +40,8 @@ from .network import interface_for_address, is_loopback, local_address_for
 
 # (`plan` below is a `launch.plan.LaunchPlan`, which imports this module: typed loosely to keep imports one-way)
 
-__all__ = ["RECOVERY_CHOICES", "FLAG", "live_problem", "lighthouse_address", "local_plan", "lighthouse", "run_live"]
+__all__ = ["RECOVERY_CHOICES", "FLAG", "checkpoint_fallback", "live_problem", "lighthouse_address", "local_plan",
+           "lighthouse", "run_live"]
 
 RECOVERY_CHOICES = ("restart", "live")
 FLAG = "--elastic_recovery live"
@@ -56,14 +60,31 @@ def live_problem(plan: Any) -> str | None:
     """
     if not plan.elastic:
         return f"{FLAG} recovers an elastic run: give --num_machines MIN:MAX (such as 1:2), or drop {FLAG}."
-    if plan.spec.deepspeed is not None:  # (FSDP2 runs: sharded in each machine, replicated across machines)
-        return f"{FLAG} does not run DeepSpeed in this version; drop --use_deepspeed, or use --elastic_recovery restart."
     if plan.mpirun:
         return f"{FLAG} starts each machine's process with torch's agent, not mpirun; drop --mpirun."
-    if find_spec("torchft") is None:
+    if find_spec("torchft") is None and checkpoint_fallback(plan) is None:
         return (f"{FLAG} needs torchft (membership and healing): pip install torchft, or use "
                 "--elastic_recovery restart (checkpoint restarts).")
     return None
+
+
+def checkpoint_fallback(plan: Any) -> str | None:
+    """The one line a live plan prints when its engine keeps state no other machine holds, so that it recovers from the
+    newest checkpoint instead (issue: "keep a copy elsewhere in memory ... or fall back to the newest checkpoint"); None
+    when it recovers live.
+
+    Example:
+        >>> from hasten.launch.plan import LaunchPlan
+        >>> plan = LaunchPlan(target="t.py", num_processes=2, num_machines=2, min_machines=1, main_process_ip="h",
+        ...                   live=True)
+        >>> checkpoint_fallback(plan) is None
+        True
+    """
+    if plan.spec.deepspeed is None:
+        return None
+    return (f"hasten launch: {FLAG}: DeepSpeed ZeRO partitions its state over every machine, so a lost machine's "
+            "partitions are held nowhere else; this run recovers by starting again from the newest checkpoint "
+            "(--elastic_recovery restart).")
 
 
 def lighthouse_address(plan: Any) -> str:
@@ -142,13 +163,18 @@ def lighthouse(plan: Any) -> Iterator[Any]:
 
 def run_live(plan: Any, launch: Callable[[Any], Any]) -> Any:
     """Carry out a live plan with `launch` (`launch.run.launch`): the lighthouse here on machine 0, then this
-    machine's local launch."""
+    machine's local launch (or, for an engine whose state no other machine holds, the restart path, said once)."""
+    if (line := checkpoint_fallback(plan)) is not None:
+        print(line, file=sys.stderr, flush=True)
+        return launch(dataclasses.replace(plan, live=False))
     with lighthouse(plan):  # (first: the local launch's free port is then never the lighthouse's)
         return launch(local_plan(plan))
 
 
 def describe_live(plan: Any) -> str:
     """What `--dry_run` prints for a live plan: the lighthouse (machine 0), then this machine's local command."""
+    if (line := checkpoint_fallback(plan)) is not None:
+        return f"# {line}\n{dataclasses.replace(plan, live=False).describe()}"
     local = local_plan(plan)
     where = "runs the lighthouse at" if plan.machine_rank == 0 else "finds the lighthouse at"
     return f"# live recovery: this machine {where} {lighthouse_address(plan)}\n{local.describe()}"
