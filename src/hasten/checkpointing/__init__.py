@@ -9,7 +9,6 @@
 - `save.py`: saving, by every process together or by the main process alone (`handshake.py` finds out which).
 - `load.py`: read and check everything, agree, then apply; `foreign.py`: folders written by Accelerate itself;
   `contents.py`: what both read into, and their checks.
-- `jsonable.py`: loader positions as JSON in the manifest (so the files are Accelerate's, plus the manifest).
 - `rng.py`: every RNG of a process as weights_only-loadable values.
 - `model_files.py`: `save_model`'s sharded safetensors + index (`load_checkpoint_in_model`, from `big_modeling.loading`).
 - `saveset.py`: `SaveSet`, the plain value saving and loading are handed (what to save, who saves, the strategy's seam).

@@ -31,7 +31,7 @@ from .constants import (
 from .contents import CheckpointContents, ReadOptions, check_model, check_optimizer, fill_tied
 from .foreign import read_accelerate_checkpoint
 from .integrity import Hashes, check_hashes, start_checking
-from .jsonable import decode
+from ..core.jsonable import decode
 from .model_files import read_weights_file
 from .project import ProjectConfiguration, checkpoints_root, latest_checkpoint, list_checkpoints
 from .saveset import SaveSet, run_load_hooks

@@ -48,7 +48,7 @@ from .constants import (
 )
 from .failures import FileWriteFailed, write_failure
 from .integrity import Hashes, manifest_hashes
-from .jsonable import encode
+from ..core.jsonable import encode
 from .layout import SaveLayout, split_layout
 from .model_files import write_weights
 from .project import ProjectConfiguration, checkpoints_root, rotate_checkpoints

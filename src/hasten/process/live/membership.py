@@ -4,7 +4,8 @@ The only module that imports torchft (lazily, on the first step; without it, one
 `LiveGroup` wraps one `torchft.Manager` per machine (one process per machine in phase 1: the machine's replica group is
 this process, with a store of its own), synchronous quorums (``use_async_quorum=False``: the step's size and, for a
 joiner, the peer's state are known when `begin_step` returns), a reconfigurable gloo group and state sent over it
-(`PGTransport`). Collective failures are recorded and reported as False, never raised.
+(`transport.JsonTransport`: tensors as bytes, the rest as JSON, where torchft's own transport pickles; a joiner
+unpickles nothing a peer sends). Collective failures are recorded and reported as False, never raised.
 
 Across hosts, each machine is known to the others by the address its launcher found the main machine reaches it at
 (`LiveSettings.address`; loopback on one host). Its replica-group store (the one torchft's quorum hands to
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -48,7 +48,6 @@ def torchft_hint() -> str:
 def _torchft() -> Any:
     try:
         import torchft
-        from torchft.checkpointing.pg_transport import PGTransport  # noqa: F401  (imported here: a bad install fails now)
     except ImportError as err:
         raise LiveUnavailable(torchft_hint()) from err
     return torchft
@@ -117,7 +116,7 @@ class LiveGroup:
 
     def _start(self) -> Any:
         torchft = _torchft()
-        from torchft.checkpointing.pg_transport import PGTransport
+        from .transport import JsonTransport
 
         os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust INFO lines would fill the terminal
         _quiet_flight_recorder()
@@ -131,13 +130,26 @@ class LiveGroup:
             use_async_quorum=False, timeout=self.timeout, quorum_timeout=self.quorum_timeout,
             rank=self.rank, world_size=self.world_size, store_addr=address, store_port=self.store_port,
             hostname=address, lighthouse_addr=self.lighthouse, replica_id=self.replica_id,
-            checkpoint_transport=PGTransport(pg, timeout=self.timeout, device=torch_cpu()))
+            checkpoint_transport=JsonTransport(pg, timeout=self.timeout, mesh=self._mesh))
         for key, (save, load) in self._states.items():
             manager.register_state_dict_fn(key, self._loader(load), save)
         if self.resume_step:
             manager.load_state_dict({"step": int(self.resume_step), "batches_committed": 0})
         self._manager = manager
         return manager
+
+    def _mesh(self) -> Any:
+        """The device mesh of this machine's sharded state (FSDP2 within the machine), where a healed shard goes."""
+        pending = [save() for save, _ in self._states.values()]
+        while pending:
+            value = pending.pop()
+            if hasattr(value, "device_mesh") and hasattr(value, "placements"):
+                return value.device_mesh
+            if isinstance(value, dict):
+                pending.extend(value.values())
+            elif isinstance(value, (list, tuple)):
+                pending.extend(value)
+        return None
 
     def _loader(self, load: Callable[[Any], None]) -> Callable[[Any], None]:
         def apply(state: Any) -> None:
@@ -210,19 +222,7 @@ class _NoFlightRecorderWarning(logging.Filter):
 
 
 def _quiet_flight_recorder() -> None:
-    """Install the filter on torchft's manager logger once; silence its transport's FutureWarning about torch's
-    pytree (`LeafSpec`, deprecated by torch), printed at every heal, and torch's note on its receive buffer: none of
-    them the user's doing."""
+    """Install the filter on torchft's manager logger once (its flight-recorder warning is not the user's doing)."""
     logger = logging.getLogger("torchft.manager")
     if not any(isinstance(f, _NoFlightRecorderWarning) for f in logger.filters):
         logger.addFilter(_NoFlightRecorderWarning())
-    warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning,
-                            module=r"torchft\.checkpointing\.pg_transport")
-    warnings.filterwarnings("ignore", message=r"The given buffer is not writable", category=UserWarning,
-                            module=r"torchft\.checkpointing\.pg_transport")  # (its receive buffer; torch's note)
-
-
-def torch_cpu() -> Any:
-    import torch
-
-    return torch.device("cpu")

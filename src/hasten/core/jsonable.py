@@ -1,9 +1,8 @@
-"""Small state (a data loader's position and order) as JSON inside the manifest, tensors included.
+"""Small state as JSON, tensors included: never a pickle, so reading it runs no code.
 
-Accelerate writes no file for a loader's position, so hasten keeps its
-own (epoch, batches done, shuffle state) in its manifest rather than in a
-file of its own: a checkpoint folder then lists exactly Accelerate's files
-plus ``hasten_checkpoint.json``.
+Used for a data loader's position and order in a checkpoint's manifest (Accelerate writes no file for it, so hasten
+keeps it in ``hasten_checkpoint.json`` and a checkpoint folder lists exactly Accelerate's files plus the manifest),
+and for the small values of the state a live peer sends a joining machine (`process/live/transport.py`).
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ def encode(value: Any) -> Any:
         return value.item()
     if isinstance(value, np.ndarray):
         return {"__ndarray__": encode(torch.from_numpy(np.ascontiguousarray(value)))}
-    raise TypeError(f"a {type(value).__name__} cannot be kept in the checkpoint's manifest; state_dict() should hold "
-                    "only tensors, numbers, strings, lists, tuples and dicts.")
+    raise TypeError(f"a {type(value).__name__} cannot be written as JSON (a checkpoint's manifest, a live peer's "
+                    "state); state_dict() should hold only tensors, numbers, strings, lists, tuples and dicts.")
 
 
 def decode(value: Any) -> Any:
@@ -55,7 +54,9 @@ def decode(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if "__tensor__" in value:
-        dtype = getattr(torch, value["__tensor__"])
+        dtype = getattr(torch, str(value["__tensor__"]), None)
+        if not isinstance(dtype, torch.dtype):  # (a name from a file or a peer: only a dtype is looked up)
+            raise ValueError(f"{value['__tensor__']!r} is not a torch dtype.")
         raw = base64.b64decode(value["data"])
         if not raw:
             return torch.empty(value["shape"], dtype=dtype)
