@@ -9,7 +9,6 @@ Prints one line per optimizer step attempt: ``STEP <wall time> <pid> <optimizer 
 <sample ids>``.
 """
 import os
-import sys
 import time
 
 T0 = time.time()
@@ -48,5 +47,3 @@ for ids, x, y in loader:
             break
 flat = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()])
 torch.save(flat, os.path.join(os.environ["OUT"], f"final_{os.environ.get('HASTEN_MACHINE', 'one').replace('/', '_')}.pt"))
-sys.stdout.flush()
-os._exit(0)  # (torchft's manager threads need not be waited for; the lighthouse forgets this machine)

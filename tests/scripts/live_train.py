@@ -87,5 +87,3 @@ if state:
     flat = torch.cat([value.detach().flatten() for value in state.values()])
     torch.save(flat, os.path.join(OUT, f"final_{os.getpid()}.pt"))
 say(f"DONE {accelerator.gradient_state.optimizer_steps} {scheduler.get_last_lr()[0]:.8f}")
-sys.stdout.flush()
-os._exit(0)  # (torchft's manager threads need not be waited for; the lighthouse forgets this machine)
