@@ -11,8 +11,9 @@ When the launch spec has a ``live`` field (`hasten.process.launch_spec.LiveSetti
   scheduler does not step, ``sync_gradients`` is False, the models' buffers go back to the step's start
   (`StepBuffers`: BatchNorm statistics are not updated twice), and the loader deals the *same* step again at the new
   P before it yields anything else: every sample of a committed step is trained once, no optimizer step twice;
-- a machine that joins receives the models, optimizers, schedulers, step count and loader position from a live
-  peer inside its first `begin_step()` (nothing is read from disk);
+- a machine that joins receives the models, optimizers, schedulers, gradient scaler, registered objects
+  (`register_for_checkpointing`), step count and loader position from a live peer inside its first `begin_step()`
+  (nothing is read from disk);
 - SIGTERM or SIGUSR1 (a spot notice, a drained node, a stopped launcher) is a graceful leave: the step in progress
   finishes with everyone, and at the next step boundary this machine leaves the group instead of asking for a quorum
   (`LeftLiveRun`, exit code `EXIT_PREEMPTED`); the others' next quorum is formed without it once its heartbeat
@@ -232,13 +233,16 @@ class LiveStep:
 
     # -- what a joiner receives ----------------------------------------------------------------
     def save(self) -> dict[str, Any]:
-        """This machine's state at a step boundary: prepared models, optimizers, schedulers, step count, loaders."""
+        """This machine's state at a step boundary: prepared models, optimizers, schedulers, the gradient scaler, the
+        objects registered for checkpointing (a script's step counter, an EMA model), step count, loaders."""
         owner = self._owner()
         if owner is None:
             return {}
         return {"models": [owner.strategy.unwrap_model(m).state_dict() for m in owner._models],
                 "optimizers": [opt.optimizer.state_dict() for opt in owner._optimizers],
                 "schedulers": [s.scheduler.state_dict() for s in owner._schedulers],
+                "scaler": owner.scaler.state_dict() if owner.scaler is not None else None,
+                "registered": [obj.state_dict() for obj in owner._custom_objects],
                 "optimizer_steps": self.optimizer_steps(),
                 "loaders": [loader.live_position() for loader in self.loaders]}
 
@@ -253,6 +257,10 @@ class LiveStep:
             opt.optimizer.load_state_dict(saved)
         for sched, saved in zip(owner._schedulers, state["schedulers"]):
             sched.scheduler.load_state_dict(saved)
+        if owner.scaler is not None and state["scaler"] is not None:
+            owner.scaler.load_state_dict(state["scaler"])
+        for obj, saved in zip(owner._custom_objects, state["registered"]):
+            obj.load_state_dict(saved)
         owner.gradient_state.optimizer_steps = int(state["optimizer_steps"])
         owner._boundary_watch.restore_steps(int(state["optimizer_steps"]))
         for loader, saved in zip(self.loaders, state["loaders"]):
