@@ -92,12 +92,14 @@ class FakeGroup:
         pass
 
 
-def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = True, num_workers: int = 0,
-           project=None, resume: str | None = None, batchnorm: bool = False):
+def _train(monkeypatch, group: FakeGroup | None, samples: int = 32, accumulate: bool = True, num_workers: int = 0,
+           project=None, resume: str | None = None, batchnorm: bool = False, epochs: int = 1, seeded: bool = False,
+           registered=()):
     """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params).
-    `project`: the `ProjectConfiguration`; `resume`: a checkpoint loaded before the loop."""
+    `project`: the `ProjectConfiguration`; `resume`: a checkpoint loaded before the loop; `group` None: the same
+    elastic run (MAX 2) without live recovery, on one process; `seeded`: the loader shuffles with its own generator."""
     spec = LaunchSpec(elastic={"min_processes": 1, "max_processes": 2, "processes_per_machine": 1},
-                      live={"lighthouse": "unused:0", "replica": 0})
+                      live={"lighthouse": "unused:0", "replica": 0} if group is not None else None)
     monkeypatch.setenv(SPEC_ENV_VAR, spec.to_env()[SPEC_ENV_VAR])
     monkeypatch.setattr(live_pkg, "LiveGroup", lambda *args, **kwargs: group)
     torch.manual_seed(0)
@@ -111,12 +113,14 @@ def _train(monkeypatch, group: FakeGroup, samples: int = 32, accumulate: bool = 
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.1 * s))
     data = TensorDataset(torch.arange(samples), torch.randn(samples, 3), torch.randn(samples, 1))
-    loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=num_workers)
+    loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=num_workers,
+                        generator=torch.Generator().manual_seed(5) if seeded else None)
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    accelerator.register_for_checkpointing(*registered)
     if resume is not None:
         accelerator.load_state(resume)
     attempts, committed, lrs, pending = [], [], [], []
-    for ids, x, y in loader:
+    for ids, x, y in (batch for _ in range(epochs) for batch in loader):
         with accelerator.accumulate(model) if accumulate else contextlib.nullcontext():
             loss = torch.nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)
@@ -150,6 +154,42 @@ def test_a_failed_step_is_dealt_again_and_every_sample_trains_once(monkeypatch):
     assert lrs == lrs_ref  # the scheduler stepped on commits only
     assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
     assert accelerator.gradient_state.optimizer_steps - before == 4  # (the counter is the process's)
+
+
+class _Count:
+    def __init__(self, done: int = 0) -> None:
+        self.done = done
+
+    def state_dict(self) -> dict:
+        return {"done": self.done, "history": (self.done, [float(self.done)])}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done = int(state["done"])
+
+
+def test_a_joiner_receives_the_objects_registered_for_checkpointing_with_the_rest(monkeypatch):
+    # a script's own step counter or EMA model (register_for_checkpointing): a joiner that kept its own went on with
+    # stale values (the script's step labels were off by the steps it missed)
+    from hasten.process.live.transport import describe, rebuild
+
+    peer = FakeGroup()
+    _, _, _, params, _ = _train(monkeypatch, peer, registered=[_Count(7)])
+    layout, tensors = describe(peer.save(), step=4)  # (through the heal's wire format)
+    joiner_count, joiner = _Count(0), FakeGroup()
+    *_, accelerator = _train(monkeypatch, joiner, samples=8, registered=[joiner_count])
+    joiner.load(rebuild(layout, tensors, step=4))
+    assert joiner_count.done == 7
+    assert torch.equal(torch.cat([p.detach().flatten() for p in accelerator._models[0].parameters()]), params)
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_every_epoch_is_dealt_in_the_order_of_the_run_without_live_recovery(monkeypatch, seeded):
+    # each epoch's shuffle draws from the loader's generator after torch's iterator drew its base seed there: a live
+    # pass that made no iterator dealt every epoch after the first in another order (and trained other numbers)
+    _, committed_ref, lrs_ref, params_ref, _ = _train(monkeypatch, None, epochs=3, seeded=seeded)
+    _, committed, lrs, params, _ = _train(monkeypatch, FakeGroup(fail={5}), epochs=3, seeded=seeded)
+    assert len(committed) == 12 and committed == committed_ref and lrs == lrs_ref
+    assert torch.allclose(params, params_ref, rtol=1e-6, atol=0)
 
 
 def test_a_failed_steps_batchnorm_updates_are_undone_before_it_is_dealt_again(monkeypatch):

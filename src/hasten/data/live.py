@@ -60,10 +60,21 @@ class LivePosition:
 
 
 def _pass_batches(loader: Any, elastic: Any, continuing: bool) -> list[list[int]]:
-    """The pass's micro-batches at MAX processes, as index lists (the order replays when `continuing`)."""
-    loader._apply_epoch()
-    if loader.order is not None:
-        loader.order.begin_pass(continuing)
+    """The pass's micro-batches at MAX processes, as index lists (the order replays when `continuing`).
+
+    The pass starts as a plain one does (`_start_pass`): the epoch set, the order begun, the loader's generators
+    synchronised, and torch's iterator made, which draws its base seed from the loader's generator, the one the
+    next epoch's shuffle draws from (without that draw every epoch after the first was dealt in another order than
+    the uninterrupted run's). The iterator is not read (a live pass fetches its batches itself), so it is made without
+    worker processes.
+    """
+    loader.cursor.resumed = continuing
+    workers = loader.num_workers
+    loader.num_workers = 0
+    try:
+        loader._start_pass(0)
+    finally:
+        loader.num_workers = workers
     batches = [list(batch) for window in elastic._windows(elastic.layout.max_processes) for batch in window]
     loader._live.order = loader.order.state_dict() if loader.order is not None else None
     loader._live.epoch = loader.cursor.epoch
