@@ -248,6 +248,24 @@ def test_periodic_checkpoints_are_written_by_the_quorums_first_machine_and_resum
     assert accelerator._boundary_watch.optimizer_steps == 4
 
 
+def test_a_scripts_own_save_state_is_written_by_the_first_machine_only_and_each_says_where(monkeypatch, tmp_path):
+    # every machine calls save_state() (Accelerate's rule: every process does); two machines writing one shared
+    # folder collided ("checkpoint_0 already exists"), and every machine holds the same state: one writes it
+    from hasten.checkpointing.project import list_checkpoints
+    from hasten.utils import ProjectConfiguration
+
+    folder = tmp_path / "shared"
+    second = FakeGroup(sizes=lambda step, attempt: (2, 1))
+    *_, accelerator = _train(monkeypatch, second, project=ProjectConfiguration(str(folder), automatic_checkpoint_naming=True))
+    said = accelerator.save_state()
+    assert list_checkpoints(folder / "checkpoints", complete_only=False) == []  # the quorum's second machine
+    assert said == str(folder / "checkpoints" / "checkpoint_0") and accelerator.save_state(str(tmp_path / "x")) == \
+        str(tmp_path / "x") and not (tmp_path / "x").exists()
+    *_, accelerator = _train(monkeypatch, FakeGroup(), project=ProjectConfiguration(str(folder),
+                                                                                     automatic_checkpoint_naming=True))
+    assert accelerator.save_state() == said and [i for i, _ in list_checkpoints(folder / "checkpoints")] == [0]
+
+
 def test_the_redone_step_is_dealt_at_the_new_size(monkeypatch):
     # two machines (this one is rank 1) until step 2 fails; then alone: step 2 again, all four micro-batches here
     sizes = lambda step, attempt: (2, 1) if attempt <= 2 else (1, 0)  # noqa: E731

@@ -270,9 +270,16 @@ class CheckpointPart:
                             "hasten's save_state takes output_dir, safe_serialization and async_save.")
         from ..checkpointing.save import save_checkpoint
 
-        path = save_checkpoint(self._save_set(), None if output_dir is None else os.fspath(output_dir),
-                               safe_serialization, async_save=async_save)
-        return path if isinstance(path, str) else str(path)  # an asynchronous save's handle is a str already
+        folder = None if output_dir is None else os.fspath(output_dir)
+
+        def save() -> str:
+            path = save_checkpoint(self._save_set(), folder, safe_serialization, async_save=async_save)
+            return path if isinstance(path, str) else str(path)  # an asynchronous save's handle is a str already
+
+        live = self._elastic.live if self._elastic is not None else None
+        if live is not None:  # one machine writes what every machine holds (facade/live.py)
+            return live.save_state_once(save, folder)
+        return save()
 
     def _save_everywhere(self, in_background: bool) -> str:
         """hasten's own automatic save (periodic, preemption): every process calls it at the same batch boundary."""

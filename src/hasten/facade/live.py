@@ -201,16 +201,37 @@ class LiveStep:
         def save_if_first() -> Any:
             if self.quorum is None or self.quorum.replica_rank != 0:
                 return None
-            owner = self._owner()
-            if owner is not None and owner.project_configuration.automatic_checkpoint_naming:
-                from ..checkpointing.project import checkpoints_root, list_checkpoints
-
-                found = list_checkpoints(checkpoints_root(owner.project_configuration), complete_only=False)
-                if found:
-                    config = owner.project_configuration
-                    config.iteration = max(config.iteration, found[-1][0] + 1)
+            self._number_past_newest()
             return save()
         return save_if_first
+
+    def save_state_once(self, save: Callable[[], str], output_dir: str | None) -> str:
+        """The script's own `save_state()` in a live run: written by the first machine of the step's quorum (machine 0
+        before the first step), skipped by the others, as every machine holds the same state and two machines writing
+        one folder collide; every machine returns the folder the first one writes."""
+        first = self.quorum.replica_rank == 0 if self.quorum is not None else \
+            int(getattr(self.group, "replica_id", 0) or 0) == 0
+        target = self._number_past_newest()
+        if first:
+            return save()
+        if output_dir is not None:
+            return output_dir
+        return target or ""
+
+    def _number_past_newest(self) -> str | None:
+        """With automatic naming, the next checkpoint is numbered past the project folder's newest (the machines may
+        share it); returns that checkpoint's folder (None without automatic naming)."""
+        owner = self._owner()
+        if owner is None or not owner.project_configuration.automatic_checkpoint_naming:
+            return None
+        from ..checkpointing.project import checkpoints_root, list_checkpoints
+
+        config = owner.project_configuration
+        root = checkpoints_root(config)
+        found = list_checkpoints(root, complete_only=False)
+        if found:
+            config.iteration = max(config.iteration, found[-1][0] + 1)
+        return os.path.join(root, f"checkpoint_{config.iteration}")
 
     def reduce(self) -> bool:
         """At the step's synchronising backward: average the gradients of the prepared models over the quorum."""
