@@ -127,7 +127,7 @@ MARK = "HASTEN_TEST_LIVE_MACHINE"  # in the environment of every process of one 
 
 
 def _launch(out: Path, name: str, rank: int, port: int, mark: str, per_machine: int = 1, main_ip: str = "127.0.0.1",
-            prefix: tuple[str, ...] = (), **extra: str) -> tuple[subprocess.Popen, Path]:
+            prefix: tuple[str, ...] = (), flags: tuple[str, ...] = (), **extra: str) -> tuple[subprocess.Popen, Path]:
     """`hasten launch --elastic_recovery live` of one machine of two (on this host's loopback, or with `prefix` in a
     network namespace of its own, `main_ip` machine 0's address)."""
     log = out / f"{name}.log"
@@ -136,7 +136,7 @@ def _launch(out: Path, name: str, rank: int, port: int, mark: str, per_machine: 
     command = [*prefix, sys.executable, "-m", "hasten", "launch", "--cpu", "--num_machines", "1:2", "--num_processes",
                str(2 * per_machine),
                "--machine_rank", str(rank), "--main_process_ip", main_ip, "--main_process_port", str(port),
-               "--elastic_recovery", "live", str(SCRIPT)]
+               "--elastic_recovery", "live", *flags, str(SCRIPT)]
     process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                start_new_session=True)
     return process, log
@@ -173,6 +173,30 @@ def _machines(tmp_path: Path):
 
 def _committed_in_pair(log: Path, after: float = 0.0, count: int = 1, per_machine: int = 1) -> bool:
     return len([t for t, _, _, c, p, _ in _steps(log) if c and p == 2 * per_machine and t > after]) >= count
+
+
+@pytest.mark.timeout(240)
+def test_losing_the_lighthouses_machine_ends_the_others_with_one_line_within_the_liveness_limit(tmp_path):
+    """Machine 0's launcher holds the lighthouse: without it no group forms, so machine 1 stops within
+    --liveness_timeout, saying why in one line, its processes ended (as the restart path's machines stop when the
+    rendezvous store's machine is lost)."""
+    limit = 8.0
+    flags = ("--liveness_timeout", str(limit))
+    with _machines(tmp_path) as (port, marks, processes):
+        holder, log0 = _launch(tmp_path, "machine0", 0, port, marks[0], flags=flags, STEP_SLEEP="0.1")
+        other, log1 = _launch(tmp_path, "machine1", 1, port, marks[1], flags=flags, STEP_SLEEP="0.1")
+        processes += [holder, other]
+        _wait(lambda: _committed_in_pair(log1, count=3), 180, "machine 1 to train in a group of 2", [log0, log1])
+        assert _kill_machine(marks[0]) >= 2, "machine 0's launcher and worker were not found"
+        killed = time.time()
+        code = other.wait(timeout=limit + 60)
+        stopped = time.time() - killed
+        left = _kill_machine(marks[1])
+    text = log1.read_text()
+    line = "could not reach the live run's lighthouse"
+    print(f"\nlighthouse's machine SIGKILLed: machine 1 stopped {stopped:.1f} s later (--liveness_timeout {limit:g})")
+    assert code == 1 and text.count(line) == 1 and "Traceback" not in text, text[-3000:]
+    assert stopped <= limit + 10.0 and left == 0  # (no process of machine 1 outlived its launcher)
 
 
 @pytest.mark.timeout(400)

@@ -167,8 +167,74 @@ def run_live(plan: Any, launch: Callable[[Any], Any]) -> Any:
     if (line := checkpoint_fallback(plan)) is not None:
         print(line, file=sys.stderr, flush=True)
         return launch(dataclasses.replace(plan, live=False))
-    with lighthouse(plan):  # (first: the local launch's free port is then never the lighthouse's)
+    with lighthouse(plan), _lighthouse_watch(plan):  # (first: the local launch's free port is then never the lighthouse's)
         return launch(local_plan(plan))
+
+
+def lighthouse_lost(plan: Any) -> str:
+    """The one sentence a machine says when the run's lighthouse (on machine 0) cannot be reached any more.
+
+    Example:
+        >>> from hasten.launch.plan import LaunchPlan
+        >>> plan = LaunchPlan(target="t.py", num_processes=2, num_machines=2, min_machines=1, machine_rank=1,
+        ...                   main_process_ip="10.0.0.1", main_process_port=29500, live=True)
+        >>> print(lighthouse_lost(plan))  # doctest: +ELLIPSIS
+        this machine could not reach the live run's lighthouse at 10.0.0.1:29500 for 45 s (--liveness_timeout): ...
+    """
+    return (f"this machine could not reach the live run's lighthouse at {plan.master_addr}:{plan.main_process_port} "
+            f"for {plan.liveness_timeout:g} s (--liveness_timeout): machine 0, which holds it, ended or was lost, or "
+            "this machine is cut off from it, and no group forms without it, so this machine stops; start the run "
+            "again (it resumes from the newest checkpoint, see docs/concepts/elastic.md)")
+
+
+@contextlib.contextmanager
+def _lighthouse_watch(plan: Any) -> Iterator[None]:
+    """Every machine but the lighthouse's: while the block runs, a lighthouse unreachable for the liveness limit ends
+    this machine's processes (they wait for a quorum that cannot form) and the launcher, with one line."""
+    if plan.machine_rank == 0 or not plan.liveness_timeout or plan.liveness_timeout <= 0:
+        yield
+        return
+    from .elastic import StoreWatch
+
+    watch = StoreWatch(plan.master_addr, int(plan.main_process_port), plan.liveness_timeout,
+                       on_lost=lambda _: _stop_machine(lighthouse_lost(plan)))
+    watch.start()
+    try:
+        yield
+    finally:
+        watch.stop()
+
+
+def _stop_machine(line: str) -> None:
+    """End every process under this launcher at once (SIGKILL), say `line`, and leave with EXIT_FAILED."""
+    import signal
+
+    from ..process.launch_spec import EXIT_FAILED
+
+    sys.stderr.write(f"hasten launch: {line}.\n")
+    sys.stderr.flush()
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(EXIT_FAILED)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process under `root` (Linux's /proc), children first found first."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            parents.setdefault(parent, []).append(int(entry))
+    found, pending = [], [root]
+    while pending:
+        for child in parents.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
 
 
 def describe_live(plan: Any) -> str:
