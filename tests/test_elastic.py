@@ -92,13 +92,15 @@ def counted(out: Path) -> dict[int, list[dict]]:
 
 
 def steps_at(out: Path, world: int, after: float = 0.0) -> list[dict]:
-    return [r for r in records(out) if r["world"] == world and r["time"] > after]
+    """The records of steps trained by a group of `world` processes after `after`: a step's last execution has one
+    record per process of its group (a live run's processes each see their machine's group only: counted so)."""
+    return [r for rows in counted(out).values() if len(rows) == world for r in rows if r["time"] > after]
 
 
-def inside_a_cycle(out: Path, world: int) -> bool:
-    """A process of the group of `world` has just trained a micro-batch that did not end its step."""
-    micro = [r for r in records(out, "micro") if r["world"] == world]
-    steps = [r["time"] for r in records(out) if r["world"] == world]
+def inside_a_cycle(out: Path) -> bool:
+    """A process has just trained a micro-batch that did not end its step."""
+    micro = records(out, "micro")
+    steps = [r["time"] for r in records(out)]
     return bool(micro) and max(r["time"] for r in micro) > max(steps, default=0.0) and \
         time.time() - max(r["time"] for r in micro) < 0.2
 
@@ -169,7 +171,7 @@ def stop_and_kill_inside_cycles(name: str, recipe: Recipe, out: Path) -> Elastic
     cycle, started again; the run finishes."""
     with elastic_run(name, recipe, out, 2) as run:
         machine = run.machines[1]
-        wait_for(lambda: inside_a_cycle(out, 2), 120, f"{name}: a moment inside a cycle", run.machines)
+        wait_for(lambda: inside_a_cycle(out), 120, f"{name}: a moment inside a cycle", run.machines)
         stopped = time.time()
         machine.terminate()
         code = machine.wait(90)  # it saves at the next optimizer step, then every process of it has ended
@@ -178,7 +180,7 @@ def stop_and_kill_inside_cycles(name: str, recipe: Recipe, out: Path) -> Elastic
         restarted = time.time()
         machine.start()
         run.grow_seconds.append(run.step_alone(2, restarted, "after machine 1 came back"))
-        wait_for(lambda: inside_a_cycle(out, 2), 120, f"{name}: a moment inside a cycle", run.machines)
+        wait_for(lambda: inside_a_cycle(out), 120, f"{name}: a moment inside a cycle", run.machines)
         killed = time.time()
         machine.kill()
         run.shrink_seconds.append(run.step_alone(1, killed, "after the kill", count=1))
@@ -189,11 +191,11 @@ def stop_and_kill_inside_cycles(name: str, recipe: Recipe, out: Path) -> Elastic
     return run
 
 
-def three_machines(name: str, out: Path) -> ElasticRun:
+def three_machines(name: str, out: Path, *extra: str) -> ElasticRun:
     """`1:3`, one process each, machines 1 and 2 started first: lose one (two processes hold the batch of three),
     lose another, then both come back; the run finishes on three."""
     recipe = THREE_OF_ONE
-    with elastic_run(name, recipe, out, 3, order=(1, 2, 0)) as run:
+    with elastic_run(name, recipe, out, 3, *extra, order=(1, 2, 0)) as run:
         for lost, world in ((2, 2), (1, 1)):
             killed = time.time()
             run.machines[lost].kill()

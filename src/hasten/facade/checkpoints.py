@@ -339,7 +339,7 @@ class CheckpointPart:
             steps = int((notes or {}).get("optimizer_steps", 0))
             self._boundary_watch.restore_steps(steps)
             self.gradient_state.optimizer_steps = steps  # (a live run's machines number their steps from it)
-            if self._elastic is not None:
+            if self._elastic is not None and self._elastic.live is None:  # (live: no group re-forms, a joiner heals)
                 from .elastic import report_reformation
 
                 report_reformation(self, self._elastic, notes, str(path))
