@@ -94,7 +94,7 @@ class FakeGroup:
 
 def _train(monkeypatch, group: FakeGroup | None, samples: int = 32, accumulate: bool = True, num_workers: int = 0,
            project=None, resume: str | None = None, batchnorm: bool = False, epochs: int = 1, seeded: bool = False,
-           registered=()):
+           registered=(), on_start=None):
     """The unchanged Accelerate loop; returns (micro-batch ids per attempt, committed ids per step, lr per step, params).
     `project`: the `ProjectConfiguration`; `resume`: a checkpoint loaded before the loop; `group` None: the same
     elastic run (MAX 2) without live recovery, on one process; `seeded`: the loader shuffles with its own generator."""
@@ -119,6 +119,8 @@ def _train(monkeypatch, group: FakeGroup | None, samples: int = 32, accumulate: 
     accelerator.register_for_checkpointing(*registered)
     if resume is not None:
         accelerator.load_state(resume)
+    if on_start is not None:
+        on_start(accelerator, loader)
     attempts, committed, lrs, pending = [], [], [], []
     for ids, x, y in (batch for _ in range(epochs) for batch in loader):
         with accelerator.accumulate(model) if accumulate else contextlib.nullcontext():
@@ -180,6 +182,30 @@ def test_a_joiner_receives_the_objects_registered_for_checkpointing_with_the_res
     joiner.load(rebuild(layout, tensors, step=4))
     assert joiner_count.done == 7
     assert torch.equal(torch.cat([p.detach().flatten() for p in accelerator._models[0].parameters()]), params)
+
+
+def test_a_joiner_is_healed_at_load_state_before_the_script_reads_where_the_run_is(monkeypatch, tmp_path):
+    # an epoch loop starts at the loader's epoch after load_state(): healed only at its first step, a joiner ran the
+    # epochs left from its own checkpoint (here none), one pass after the others had ended
+    from hasten.utils import ProjectConfiguration
+
+    peer = FakeGroup()
+    *_, kept = _train(monkeypatch, peer, epochs=2)  # (kept: the state is read from the live Accelerator)
+    state = peer.save()  # (as a heal at a step of the second pass would find it: epoch 1)
+    assert state["loaders"]["0"]["epoch"] == 1
+
+    class Healing(FakeGroup):
+        def begin_step(self):
+            if not self.quorums:
+                self.load(state)
+            return super().begin_step()
+
+    seen = []
+    joiner = Healing()
+    _train(monkeypatch, joiner, project=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True),
+           on_start=lambda accelerator, loader: (accelerator.load_state(), seen.append(loader.epoch)))
+    assert seen == [1] and joiner.quorums[0].quorum_id == 0  # healed inside load_state, by the first step's quorum
+    assert len({q.quorum_id for q in joiner.quorums}) == len(joiner.quorums)  # (that quorum is not asked twice)
 
 
 @pytest.mark.parametrize("seeded", [False, True])

@@ -329,8 +329,10 @@ class PreparedDataLoader(DataLoaderStateMixin, LoaderPositionMixin, DataLoader):
         return self._live.as_dict()
 
     def heal_live_position(self, position: dict[str, Any]) -> None:
-        """A live peer's position (`live_position`): this loader's pass continues from it at the next step."""
+        """A live peer's position (`live_position`): this loader's pass continues from it at the next step (its epoch
+        at once: a script reads it to know where its epoch loop starts)."""
         self._healed = dict(position)
+        self.cursor.epoch = int(position["epoch"])
 
     def _saved_position(self) -> tuple[int, int | None]:
         """(position, its unit in samples): in an elastic training pass, the micro-batches of the pass before the

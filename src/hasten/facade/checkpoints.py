@@ -343,6 +343,8 @@ class CheckpointPart:
                 from .elastic import report_reformation
 
                 report_reformation(self, self._elastic, notes, str(path))
+        if self._elastic is not None and self._elastic.live is not None:  # a joiner heals here, before the script
+            self._elastic.live.join_now()                                 # reads where the run is
         return None if path is None else str(path)
 
     # -- model weights ------------------------------------------------------------------------

@@ -106,6 +106,7 @@ class LiveStep:
         self.leaving: int | None = None  # SIGTERM/SIGUSR1 received: leave at the next step boundary
         self._previous: dict[int, Any] = {}
         self._buffers: StepBuffers | None = None  # the models' buffers at the step's start (put back on a redo)
+        self._early: LiveQuorum | None = None  # the first step's quorum, taken at load_state (`join_now`)
         group.register_state(self.save, self.load)
 
     # -- a graceful leave ------------------------------------------------------------------------
@@ -160,8 +161,19 @@ class LiveStep:
         return str(self.first_machine_only(owner._boundary_watch.save)() or "")
 
     # -- the step --------------------------------------------------------------------------------
+    def join_now(self) -> None:
+        """At the script's `load_state()`, before its first step: take the first step's quorum now, so that a joiner
+        holds its live peer's state (the loader's epoch, the step count, registered objects) when `load_state`
+        returns, before the script reads where the run is (an epoch loop that starts at the loader's epoch would
+        otherwise run the epochs left from the joiner's checkpoint, not the peer's). The loader's first step uses it."""
+        if self.quorum is None and self._early is None:
+            self._early = self.begin_step()
+
     def begin_step(self) -> LiveQuorum:
         """The loader's step boundary: this step's quorum sets the group size and rank (a joiner is healed inside)."""
+        if self._early is not None:  # (taken at load_state: this is that step)
+            quorum, self._early = self._early, None
+            return quorum
         leaving = self._agreed_leave()
         if leaving:  # (before asking: a member of the quorum that then left would fail its step)
             self._leave(leaving)
@@ -265,7 +277,9 @@ class LiveStep:
                 "scaler": owner.scaler.state_dict() if owner.scaler is not None else None,
                 "registered": [obj.state_dict() for obj in owner._custom_objects],
                 "optimizer_steps": self.optimizer_steps(),
-                "loaders": [loader.live_position() for loader in self.loaders]}
+                # by the loader's place among the prepared ones (the same script: the same place on every machine)
+                "loaders": {str(index): loader.live_position() for index, loader in enumerate(owner._dataloaders)
+                            if any(loader is dealing for dealing in self.loaders)}}
 
     def load(self, state: dict[str, Any]) -> None:
         """Apply a live peer's state (inside this machine's first quorum): training continues where the peer is."""
@@ -284,8 +298,8 @@ class LiveStep:
             obj.load_state_dict(saved)
         owner.gradient_state.optimizer_steps = int(state["optimizer_steps"])
         owner._boundary_watch.restore_steps(int(state["optimizer_steps"]))
-        for loader, saved in zip(self.loaders, state["loaders"]):
-            loader.heal_live_position(saved)
+        for index, saved in state["loaders"].items():
+            owner._dataloaders[int(index)].heal_live_position(saved)
 
     def attach(self, loader: Any) -> None:
         """`loader` deals live steps (called when its first training pass starts)."""
