@@ -12,8 +12,8 @@ When the launch spec has a ``live`` field (`hasten.process.launch_spec.LiveSetti
   (`StepBuffers`: BatchNorm statistics are not updated twice), and the loader deals the *same* step again at the new
   P before it yields anything else: every sample of a committed step is trained once, no optimizer step twice;
 - a machine that joins receives the models, optimizers, schedulers, gradient scaler, registered objects
-  (`register_for_checkpointing`), step count and loader position from a live peer inside its first `begin_step()`
-  (nothing is read from disk);
+  (`register_for_checkpointing`), step count and loader position from a live peer inside the script's
+  `load_state()` (`join_now`: before the script reads where the run is), else inside its first `begin_step()`;
 - SIGTERM or SIGUSR1 (a spot notice, a drained node, a stopped launcher) is a graceful leave: the step in progress
   finishes with everyone, and at the next step boundary this machine leaves the group instead of asking for a quorum
   (`LeftLiveRun`, exit code `EXIT_PREEMPTED`); the others' next quorum is formed without it once its heartbeat
