@@ -84,5 +84,9 @@ def test_a_live_run_survives_the_restart_paths_scenarios_with_the_uninterrupted_
     print(f"\nlive {name}: survivors' first step after a loss {[round(s, 2) for s in scenario.shrink_seconds]} s, "
           f"machines back in the group {[round(s, 2) for s in scenario.grow_seconds]} s after their command; final "
           f"relative error {worst:.2e}")
-    assert "nothing restarted" in logs and "state received from a live peer" in logs, logs[-3000:]
-    assert "elastic run re-formed" not in logs  # (the restart path's line: no machine restarted its processes)
+    # the survivors shrank the group in memory (a loss between two steps fails no attempt: no "dealt again" then),
+    # the machines started again healed from a live peer, and no machine restarted its processes (the restart path's
+    # "re-formed" line)
+    shrinks = ["3 -> 2 machine(s)", "2 -> 1 machine(s)"] if name == "three" else ["2 -> 1 machine(s)"]
+    assert all(f"live group changed: {shrink}" in logs for shrink in shrinks), logs[-3000:]
+    assert "state received from a live peer" in logs and "elastic run re-formed" not in logs, logs[-3000:]
